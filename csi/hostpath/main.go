@@ -1,0 +1,119 @@
+// Command csi-hostpath is Savepoint's small CSI driver for the local control plane.
+//
+// Volumes are plain directories on this machine and snapshots are tar.gz archives of
+// them, so a VolumeSnapshot really copies a workspace's files and a restore really
+// brings them back. It exists because the upstream csi-driver-host-path module is not
+// served by the Go module proxy we build from; see docs/csi.md.
+//
+// It serves the Identity, Controller and a minimal Node service on one unix socket for
+// the external-provisioner and csi-snapshotter sidecars. There is no kubelet in the
+// local cluster (kwok fakes Pods), so nothing ever stages or publishes a volume: tests
+// and sandboxes read and write the volume directories directly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+)
+
+// version is set at build time (hack/build-binaries passes a hash of these sources).
+var version = "dev"
+
+func main() {
+	endpoint := flag.String("endpoint", "unix:///tmp/csi-hostpath.sock", "CSI endpoint, unix://<path>")
+	nodeID := flag.String("nodeid", "", "node id reported by NodeGetInfo (required)")
+	stateDir := flag.String("statedir", "", "directory holding volumes/, snapshots/ and meta/ (required)")
+	driverName := flag.String("drivername", "hostpath.csi.savepoint.dev", "CSI driver name")
+	healthAddr := flag.String("health-address", "", "host:port serving GET /healthz once the socket listens (off when empty)")
+	flag.Parse()
+	if *nodeID == "" || *stateDir == "" {
+		log.Fatal("--nodeid and --statedir are required")
+	}
+
+	store, err := openStore(*stateDir)
+	if err != nil {
+		log.Fatalf("opening state directory: %v", err)
+	}
+	drv := &driver{name: *driverName, nodeID: *nodeID, store: store}
+
+	lis, err := listenUnix(*endpoint)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logCalls))
+	csi.RegisterIdentityServer(srv, drv)
+	csi.RegisterControllerServer(srv, drv)
+	csi.RegisterNodeServer(srv, drv)
+
+	if *healthAddr != "" {
+		go serveHealth(*healthAddr)
+	}
+
+	// Stop cleanly on SIGTERM so an in-flight archive finishes and the socket is removed.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sigs
+		log.Print("stopping")
+		srv.GracefulStop()
+	}()
+
+	log.Printf("%s %s serving on %s, state in %s", *driverName, version, *endpoint, *stateDir)
+	if err := srv.Serve(lis); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// listenUnix accepts unix:///abs/path and unix:/abs/path, removing a socket left
+// behind by a previous run (it would otherwise fail with "address already in use").
+func listenUnix(endpoint string) (net.Listener, error) {
+	path, ok := strings.CutPrefix(endpoint, "unix://")
+	if !ok {
+		path, ok = strings.CutPrefix(endpoint, "unix:")
+	}
+	if !ok || path == "" {
+		return nil, fmt.Errorf("endpoint %q: only unix://<path> is supported", endpoint)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+	}
+	return net.Listen("unix", path)
+}
+
+func serveHealth(addr string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	log.Fatal(http.ListenAndServe(addr, mux))
+}
+
+// logCalls logs every RPC and its error: the driver's log is the first place to look
+// when a PVC stays Pending or a VolumeSnapshot never becomes ready.
+func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	resp, err := next(ctx, req)
+	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
+	switch {
+	case err != nil:
+		log.Printf("%s: error: %v", method, err)
+	case method != "Probe": // the sidecars probe often; keep the log readable
+		log.Printf("%s: ok", method)
+	}
+	return resp, err
+}

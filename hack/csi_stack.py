@@ -1,0 +1,222 @@
+"""The CSI storage stack of the local control plane, for hack/cluster to start.
+
+Four processes on loopback, built by `hack/build-binaries csi`:
+
+    csi-hostpath         our driver (csi/hostpath): volumes are directories, snapshots
+                         tar.gz archives, under <run dir>/csi-hostpath
+    csi-provisioner      PVC -> CreateVolume (including dataSource: snapshot or PVC)
+    csi-snapshotter      VolumeSnapshotContent -> CreateSnapshot / DeleteSnapshot
+    snapshot-controller  VolumeSnapshot <-> VolumeSnapshotContent
+
+`post_start` applies the VolumeSnapshot CRDs from the downloaded external-snapshotter
+client module (never copied into git), a default StorageClass and a default
+VolumeSnapshotClass. It needs only the API server, so it can run before the four
+processes start; snapshot-controller waits for the CRDs at start-up.
+
+Standard library only, like hack/cluster. See docs/csi.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+DRIVER_SRC = REPO / "csi" / "hostpath"
+DRIVER_NAME = "hostpath.csi.savepoint.dev"
+STORAGE_CLASS = "savepoint-hostpath"
+SNAPSHOT_CLASS = "savepoint-hostpath"
+SNAPSHOT_CLIENT_MODULE = "github.com/kubernetes-csi/external-snapshotter/client/v8"
+# The sidecars' RPC timeout. Restoring or archiving a large workspace takes longer than
+# the provisioner's 10s default; a timed-out call is retried and waits for the first.
+CSI_TIMEOUT = "120s"
+
+
+def cache_dir() -> Path:
+    """Where hack/build-binaries puts binaries (same rule as hack/lib.sh)."""
+    return Path(
+        os.environ.get("SAVEPOINT_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "savepoint"
+    )
+
+
+def binary(name: str, version: str) -> Path:
+    return cache_dir() / "bin" / f"{name}-{version}" / name
+
+
+def driver_version() -> str:
+    """The cache key hack/build-binaries gives our driver: a hash of its sources.
+
+    Equal to `sha256sum go.mod go.sum <non-test *.go, C-sorted> | sha256sum`.
+    """
+    names = sorted(
+        p.name
+        for p in DRIVER_SRC.iterdir()
+        if p.is_file()
+        and (p.name in ("go.mod", "go.sum") or p.suffix == ".go")
+        and not p.name.endswith("_test.go")
+    )
+    listing = "".join(
+        f"{hashlib.sha256((DRIVER_SRC / n).read_bytes()).hexdigest()}  {n}\n" for n in names
+    )
+    return "src-" + hashlib.sha256(listing.encode()).hexdigest()[:12]
+
+
+def state_dir(run_dir: Path) -> Path:
+    """The driver's state: volumes/<volume-id>/, snapshots/<id>.tgz, meta/."""
+    return run_dir / "csi-hostpath"
+
+
+def socket_path(run_dir: Path) -> Path:
+    # Unix socket paths are limited to 107 bytes; keep it short and near the top.
+    return run_dir / "csi.sock"
+
+
+def components(
+    run_dir: Path, kubeconfig: Path, pins: dict[str, str], ports_fn: Callable[[], int]
+) -> list[dict]:
+    """The four processes, in start order, as dicts of name, argv and health_url.
+
+    ports_fn() returns a free loopback port. The sidecars' health URL is their metrics
+    endpoint: it answers once the process runs (they wait for the driver's socket by
+    themselves and log while they do).
+    """
+    snapshotter = pins["EXTERNAL_SNAPSHOTTER_VERSION"]
+    sock = socket_path(run_dir)
+    driver_port, prov_port, snap_port, ctrl_port = (ports_fn() for _ in range(4))
+    common = [f"--kubeconfig={kubeconfig}", "--leader-election=false", "--v=2"]
+    return [
+        {
+            "name": "csi-hostpath",
+            "argv": [
+                str(binary("csi-hostpath", driver_version())),
+                f"--endpoint=unix://{sock}",
+                "--nodeid=savepoint-local",
+                f"--statedir={state_dir(run_dir)}",
+                f"--drivername={DRIVER_NAME}",
+                f"--health-address=127.0.0.1:{driver_port}",
+            ],
+            "health_url": f"http://127.0.0.1:{driver_port}/healthz",
+        },
+        {
+            "name": "csi-provisioner",
+            "argv": [
+                str(binary("csi-provisioner", pins["EXTERNAL_PROVISIONER_VERSION"])),
+                f"--csi-address={sock}",
+                *common,
+                f"--http-endpoint=127.0.0.1:{prov_port}",
+                f"--timeout={CSI_TIMEOUT}",
+            ],
+            "health_url": f"http://127.0.0.1:{prov_port}/metrics",
+        },
+        {
+            "name": "csi-snapshotter",
+            "argv": [
+                str(binary("csi-snapshotter", snapshotter)),
+                f"--csi-address={sock}",
+                *common,
+                f"--http-endpoint=127.0.0.1:{snap_port}",
+                f"--timeout={CSI_TIMEOUT}",
+            ],
+            "health_url": f"http://127.0.0.1:{snap_port}/metrics",
+        },
+        {
+            "name": "snapshot-controller",
+            "argv": [
+                str(binary("snapshot-controller", snapshotter)),
+                *common,
+                f"--http-endpoint=127.0.0.1:{ctrl_port}",
+            ],
+            "health_url": f"http://127.0.0.1:{ctrl_port}/metrics",
+        },
+    ]
+
+
+def snapshot_crd_files(version: str) -> list[Path]:
+    """The CRD manifests in the external-snapshotter client module, from the module cache."""
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", f"{SNAPSHOT_CLIENT_MODULE}@{version}"],
+        cwd=tempfile.gettempdir(),  # outside any module, so no go.mod is consulted
+        env={**os.environ, "GOWORK": "off", "GOFLAGS": "-mod=mod"},
+        capture_output=True,
+        text=True,
+    )
+    info = json.loads(out.stdout or "{}")
+    if out.returncode != 0 or "Dir" not in info:
+        raise RuntimeError(
+            f"could not download {SNAPSHOT_CLIENT_MODULE}@{version}: "
+            f"{info.get('Error') or out.stderr.strip()}"
+        )
+    # All of them, group snapshots included: without those CRDs snapshot-controller
+    # spends its start-up waiting for them before it carries on.
+    files = sorted((Path(info["Dir"]) / "config" / "crd").glob("*.storage.k8s.io_*.yaml"))
+    if not files:
+        raise RuntimeError(f"no CRDs under {info['Dir']}/config/crd")
+    return files
+
+
+def crd_name(path: Path) -> str:
+    """snapshot.storage.k8s.io_volumesnapshots.yaml -> crd/volumesnapshots.snapshot.storage.k8s.io"""
+    group, plural = path.stem.split("_", 1)
+    return f"crd/{plural}.{group}"
+
+
+def classes_manifest() -> str:
+    storage_class = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": DRIVER_NAME,
+        "reclaimPolicy": "Delete",
+        # Immediate: there is no kubelet to trigger WaitForFirstConsumer binding, and
+        # the driver has no topology, so a volume fits every node.
+        "volumeBindingMode": "Immediate",
+    }
+    snapshot_class = {
+        "apiVersion": "snapshot.storage.k8s.io/v1",
+        "kind": "VolumeSnapshotClass",
+        "metadata": {
+            "name": SNAPSHOT_CLASS,
+            "annotations": {"snapshot.storage.kubernetes.io/is-default-class": "true"},
+        },
+        "driver": DRIVER_NAME,
+        "deletionPolicy": "Delete",
+    }
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [storage_class, snapshot_class]})
+
+
+def post_start(kubectl_fn: Callable[..., str], pins: dict[str, str] | None = None) -> None:
+    """Apply the snapshot CRDs, then the default StorageClass and VolumeSnapshotClass.
+
+    kubectl_fn(*args, stdin=None) runs kubectl against the cluster and raises on failure
+    (hack/cluster's `kubectl`). Safe to repeat.
+    """
+    if pins is None:
+        pins = read_pins()
+    files = snapshot_crd_files(pins["EXTERNAL_SNAPSHOTTER_VERSION"])
+    # Server-side: the CRDs are too large for client-side apply's annotation.
+    args = ["apply", "--server-side", "--force-conflicts"]
+    for path in files:
+        args += ["-f", str(path)]
+    kubectl_fn(*args)
+    kubectl_fn("wait", "--for=condition=Established", "--timeout=60s", *(crd_name(p) for p in files))
+    kubectl_fn("apply", "-f", "-", stdin=classes_manifest())
+
+
+def read_pins() -> dict[str, str]:
+    pins = {}
+    for line in (HACK / "versions.env").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            pins[key] = value
+    return pins

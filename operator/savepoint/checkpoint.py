@@ -1,0 +1,236 @@
+"""Pure decisions for a Checkpoint: workspace policy, admission, expiry, snapshot shape.
+
+The same `admit()` answers the admission webhook and the status path, so a user sees
+the same reason either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from savepoint.durations import parse_duration
+from savepoint.models import CheckpointSpec, SessionPhase
+
+SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
+SNAPSHOT_VERSION = "v1"
+CHECKPOINT_LABEL = "savepoint.dev/checkpoint"
+AUTOMATIC_LABEL = "savepoint.dev/automatic"
+
+ANNOTATION_TTL = "savepoint.dev/checkpoint-ttl"
+ANNOTATION_ZDR = "savepoint.dev/zero-data-retention"
+ANNOTATION_LOG_RETENTION = "savepoint.dev/log-retention"
+ANNOTATION_MAX_COUNT = "savepoint.dev/max-checkpoints"
+ANNOTATION_MAX_BYTES = "savepoint.dev/max-checkpoint-bytes"
+
+
+class RejectReason(StrEnum):
+    SESSION_BUSY = "SessionBusy"
+    SESSION_NOT_READY = "SessionNotReady"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    ZERO_DATA_RETENTION = "ZeroDataRetention"
+    SNAPSHOTS_UNSUPPORTED = "SnapshotsUnsupported"
+    SESSION_NOT_FOUND = "SessionNotFound"
+    INVALID_POLICY = "InvalidWorkspacePolicy"
+
+
+class FailReason(StrEnum):
+    SNAPSHOT_FAILED = "SnapshotFailed"
+    SNAPSHOT_TIMEOUT = "SnapshotTimeout"
+    SNAPSHOT_LOST = "SnapshotLost"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A namespace's workspace policy (DESIGN section 6)."""
+
+    ttl_cap: timedelta
+    zero_data_retention: bool = False
+    log_retention: timedelta | None = None
+    max_checkpoints: int | None = None
+    max_checkpoint_bytes: int | None = None
+
+
+class PolicyError(ValueError):
+    """A namespace annotation does not parse; the message names it."""
+
+
+_SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def parse_quantity(text: str) -> int:
+    """Bytes from a Kubernetes quantity such as 10Gi, 500M or 1048576."""
+    text = str(text).strip()
+    for suffix, factor in sorted(_SUFFIX.items(), key=lambda kv: -len(kv[0])):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(float(text))
+
+
+def policy_from_annotations(annotations: dict[str, str] | None, default_ttl: timedelta) -> Policy:
+    annotations = annotations or {}
+
+    def get(key: str, parse):
+        if key not in annotations:
+            return None
+        try:
+            return parse(annotations[key])
+        except (ValueError, TypeError) as err:
+            raise PolicyError(f"namespace annotation {key}={annotations[key]!r}: {err}") from None
+
+    cap = get(ANNOTATION_TTL, parse_duration)
+    return Policy(
+        ttl_cap=cap if cap is not None else default_ttl,
+        zero_data_retention=str(annotations.get(ANNOTATION_ZDR, "")).lower() == "true",
+        log_retention=get(ANNOTATION_LOG_RETENTION, parse_duration),
+        max_checkpoints=get(ANNOTATION_MAX_COUNT, int),
+        max_checkpoint_bytes=get(ANNOTATION_MAX_BYTES, parse_quantity),
+    )
+
+
+@dataclass(frozen=True)
+class SessionView:
+    """What admission needs to know about the checkpoint's Session."""
+
+    exists: bool
+    phase: str | None = None
+    claim: str | None = None
+    storage_class: str | None = None
+
+
+@dataclass(frozen=True)
+class QuotaUse:
+    live_count: int
+    live_bytes: int
+
+
+def admit(
+    name: str,
+    spec: CheckpointSpec,
+    policy: Policy,
+    session: SessionView,
+    quota: QuotaUse,
+    snapshot_class: str | None,
+) -> Rejection | None:
+    """None to accept; otherwise the terminal rejection and why, in DESIGN's order."""
+    if policy.zero_data_retention:
+        return Rejection(
+            RejectReason.ZERO_DATA_RETENTION,
+            "this workspace keeps no checkpoints (namespace annotation savepoint.dev/zero-data-retention)",
+        )
+    if not session.exists:
+        return Rejection(RejectReason.SESSION_NOT_FOUND, f"session {spec.session_name} not found")
+    if session.phase == SessionPhase.RUNNING:
+        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
+    if session.phase == SessionPhase.AWAITING_APPROVAL:
+        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has an approval pending")
+    if session.phase not in (SessionPhase.READY, SessionPhase.PAUSED):
+        return Rejection(
+            RejectReason.SESSION_NOT_READY,
+            f"session {spec.session_name} is {session.phase or 'not yet provisioned'}",
+        )
+    if policy.max_checkpoints is not None and quota.live_count >= policy.max_checkpoints:
+        return Rejection(
+            RejectReason.QUOTA_EXCEEDED,
+            f"the workspace already holds {quota.live_count} live checkpoints "
+            f"(savepoint.dev/max-checkpoints={policy.max_checkpoints})",
+        )
+    if policy.max_checkpoint_bytes is not None and quota.live_bytes >= policy.max_checkpoint_bytes:
+        return Rejection(
+            RejectReason.QUOTA_EXCEEDED,
+            f"live checkpoints use {quota.live_bytes} bytes "
+            f"(savepoint.dev/max-checkpoint-bytes={policy.max_checkpoint_bytes})",
+        )
+    if snapshot_class is None:
+        return Rejection(
+            RejectReason.SNAPSHOTS_UNSUPPORTED,
+            f"no VolumeSnapshotClass serves the CSI driver of session {spec.session_name}'s workspace",
+        )
+    return None
+
+
+def effective_ttl(spec_ttl: str | None, policy: Policy) -> timedelta:
+    """min(spec.ttl, namespace cap); the cap already defaults to the operator's 30d."""
+    if spec_ttl is None:
+        return policy.ttl_cap
+    return min(parse_duration(spec_ttl), policy.ttl_cap)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def snapshot_name(checkpoint: str) -> str:
+    """Deterministic, so a retry finds the snapshot the first try made; hashed when long."""
+    name = f"sp-{checkpoint}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:10]
+    return f"{name[:52]}-{digest}"
+
+
+def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str) -> dict[str, Any]:
+    meta = body["metadata"]
+    return {
+        "apiVersion": f"{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}",
+        "kind": "VolumeSnapshot",
+        "metadata": {
+            "name": snapshot_name(meta["name"]),
+            "namespace": meta["namespace"],
+            "labels": {
+                CHECKPOINT_LABEL: meta["name"],
+                "savepoint.dev/session": body["spec"]["sessionName"],
+                "app.kubernetes.io/managed-by": "savepoint",
+            },
+        },
+        "spec": {
+            "volumeSnapshotClassName": snapshot_class,
+            "source": {"persistentVolumeClaimName": claim},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class SnapshotState:
+    ready: bool
+    error: str | None
+    restore_size: str | None
+
+
+def snapshot_state(snapshot: dict[str, Any] | None) -> SnapshotState:
+    status = (snapshot or {}).get("status") or {}
+    error = (status.get("error") or {}).get("message")
+    size = status.get("restoreSize")
+    return SnapshotState(
+        ready=bool(status.get("readyToUse")), error=error, restore_size=str(size) if size is not None else None
+    )
+
+
+def pick_snapshot_class(classes: list[dict[str, Any]], driver: str | None, wanted: str | None) -> str | None:
+    """The class named by the Session, else the driver's default class, else its only class."""
+    if driver is None:
+        return None
+    mine = [c for c in classes if c.get("driver") == driver]
+    if wanted:
+        return wanted if any(c["metadata"]["name"] == wanted for c in mine) else None
+    defaults = [
+        c
+        for c in mine
+        if (c["metadata"].get("annotations") or {}).get("snapshot.storage.k8s.io/is-default-class") == "true"
+    ]
+    if defaults:
+        return defaults[0]["metadata"]["name"]
+    return mine[0]["metadata"]["name"] if len(mine) == 1 else None

@@ -1,0 +1,59 @@
+"""Every operator setting, read once from a SAVEPOINT_* environment variable.
+
+Each field says what it does and its default; README.md lists the same table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from savepoint.durations import parse_duration
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"SAVEPOINT_{name}", default)
+
+
+def _bool(name: str, default: bool) -> bool:
+    return _env(name, "true" if default else "false").strip().lower() in {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Namespaces to watch, comma-separated; empty means the whole cluster.
+    namespaces: tuple[str, ...] = field(
+        default_factory=lambda: tuple(n for n in _env("NAMESPACES", "").split(",") if n)
+    )
+    # Python log level of the operator.
+    log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO").upper())
+    # Checkpoint lifetime when neither the Checkpoint nor the namespace sets one (DESIGN 2).
+    default_checkpoint_ttl: timedelta = field(
+        default_factory=lambda: parse_duration(_env("DEFAULT_CHECKPOINT_TTL", "30d"))
+    )
+    # How long an Expired Checkpoint object stays listable before it is deleted.
+    expired_grace: timedelta = field(default_factory=lambda: parse_duration(_env("EXPIRED_GRACE", "7d")))
+    # How long a VolumeSnapshot may take to become ready before its Checkpoint fails.
+    snapshot_timeout: timedelta = field(default_factory=lambda: parse_duration(_env("SNAPSHOT_TIMEOUT", "10m")))
+    # kopf peering name; replicas sharing it elect one active operator. Empty: standalone.
+    peering: str = field(default_factory=lambda: _env("PEERING", ""))
+    # Port of the Prometheus /metrics and /healthz endpoint; 0 turns it off.
+    metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "8080")))
+    # Serve the validating admission webhook (DESIGN 2) when true.
+    webhook: bool = field(default_factory=lambda: _bool("WEBHOOK", False))
+    # Port of the admission webhook's HTTPS server (when SAVEPOINT_WEBHOOK is true).
+    webhook_port: int = field(default_factory=lambda: int(_env("WEBHOOK_PORT", "9443")))
+    # Address the webhook server listens on.
+    webhook_addr: str = field(default_factory=lambda: _env("WEBHOOK_ADDR", "0.0.0.0"))
+    # PEM certificate and key the webhook serves (a Secret mounted by the chart).
+    webhook_cert: str = field(default_factory=lambda: _env("WEBHOOK_CERT", ""))
+    webhook_key: str = field(default_factory=lambda: _env("WEBHOOK_KEY", ""))
+    # Interval of the expiry sweep over all checkpoints, in seconds.
+    expiry_interval_seconds: float = field(default_factory=lambda: float(_env("EXPIRY_INTERVAL_SECONDS", "5")))
+    # Interval of the safety re-reconcile of every Session, in seconds.
+    resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "60")))
+
+
+def load() -> Settings:
+    return Settings()

@@ -1,0 +1,1 @@
+"""Reconcilers: observe, decide with the pure modules, act through savepoint.k8s."""

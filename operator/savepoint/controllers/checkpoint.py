@@ -1,0 +1,379 @@
+"""The Checkpoint controller: admit, cut, snapshot, ready; expire; clean up.
+
+State machine (status.phase): (none) -> Rejected | Pending -> Ready | Failed;
+Ready -> Expired -> (deleted after the grace period). Each step is written to status
+before the next side effect, and every side effect has a name derived from the
+Checkpoint, so a restart at any line resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from savepoint import k8s, metrics
+from savepoint.checkpoint import (
+    AUTOMATIC_LABEL,
+    FailReason,
+    PolicyError,
+    QuotaUse,
+    Rejection,
+    RejectReason,
+    SessionView,
+    admit,
+    build_volume_snapshot,
+    effective_ttl,
+    parse_quantity,
+    parse_time,
+    pick_snapshot_class,
+    policy_from_annotations,
+    rfc3339,
+    snapshot_name,
+    snapshot_state,
+)
+from savepoint.conditions import set_condition
+from savepoint.config import Settings, load
+from savepoint.controllers.session import event_log
+from savepoint.errors import EventLogError
+from savepoint.eventlog import effective_history, summarize
+from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
+from savepoint.session import SESSION_LABEL, owner_reference
+
+log = logging.getLogger(__name__)
+LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
+RUN_SEQ_LABEL = "savepoint.dev/run-seq"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ready_condition(body: dict, status: bool, reason: str, message: str) -> list[dict]:
+    old = (body.get("status") or {}).get("conditions") or []
+    return set_condition(old, "Ready", status, reason, message, body["metadata"].get("generation"))
+
+
+def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = None, warn: bool = False) -> None:
+    meta = body["metadata"]
+    status = {**status, "observedGeneration": meta.get("generation")}
+    k8s.patch_status("checkpoints", meta["namespace"], meta["name"], status)
+    if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
+        metrics.checkpoint_transitions.labels(status["phase"], status.get("reason") or "").inc()
+    body["status"] = {**(body.get("status") or {}), **status}
+    if event:
+        k8s.post_event(body, event[0], event[1], warning=warn)
+
+
+def reconcile_checkpoint(namespace: str, name: str, settings: Settings | None = None) -> None:
+    settings = settings or load()
+    body = k8s.get_custom("checkpoints", namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    phase = (body.get("status") or {}).get("phase")
+    if phase is None:
+        _admit(body, settings)
+        phase = body["status"]["phase"]
+    if phase == CheckpointPhase.PENDING:
+        _progress(body, settings)
+
+
+# --- admission ------------------------------------------------------------------------
+
+
+def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings):
+    """Everything admit() needs, read from the cluster; shared with the webhook."""
+    ns = k8s.get_namespace(namespace)
+    policy = policy_from_annotations(ns["metadata"].get("annotations"), settings.default_checkpoint_ttl)
+    session = k8s.get_custom("sessions", namespace, spec.session_name)
+    view = SessionView(exists=False)
+    snapshot_class = None
+    if session is not None:
+        status = session.get("status") or {}
+        phase = status.get("phase")
+        if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
+            # The status can lag the log by a moment; the log decides whether a run is in flight.
+            try:
+                summary = summarize(effective_history(event_log(session).read()))
+                if summary["approval_pending"]:
+                    phase = SessionPhase.AWAITING_APPROVAL
+                elif summary["run_in_flight"]:
+                    phase = SessionPhase.RUNNING
+                else:
+                    phase = SessionPhase.READY
+            except EventLogError:
+                phase = SessionPhase.FAILED
+        claim = status.get("workspaceClaimName")
+        pvc = k8s.get_pvc(namespace, claim) if claim else None
+        driver = k8s.csi_driver_of_claim(pvc) if pvc else None
+        wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
+        snapshot_class = pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
+        view = SessionView(exists=True, phase=phase, claim=claim)
+    live = [
+        c
+        for c in k8s.list_custom("checkpoints", namespace)
+        if c["metadata"]["name"] != own_name and (c.get("status") or {}).get("phase") in LIVE
+    ]
+    used = sum(parse_quantity(c["status"].get("restoreSize") or 0) for c in live)
+    return policy, session, view, QuotaUse(len(live), used), snapshot_class
+
+
+def check(namespace: str, name: str, spec: CheckpointSpec, settings: Settings) -> Rejection | None:
+    try:
+        policy, _, view, quota, snapshot_class = observe_admission(namespace, spec, name, settings)
+    except PolicyError as err:
+        return Rejection(RejectReason.INVALID_POLICY, str(err))
+    return admit(name, spec, policy, view, quota, snapshot_class)
+
+
+def _admit(body: dict, settings: Settings) -> None:
+    meta = body["metadata"]
+    spec = CheckpointSpec.model_validate(body["spec"])
+    try:
+        policy, session, view, quota, snapshot_class = observe_admission(
+            meta["namespace"], spec, meta["name"], settings
+        )
+        rejection = admit(meta["name"], spec, policy, view, quota, snapshot_class)
+    except PolicyError as err:
+        rejection = Rejection(RejectReason.INVALID_POLICY, str(err))
+    if rejection is not None:
+        _write(
+            body,
+            {
+                "phase": CheckpointPhase.REJECTED.value,
+                "reason": rejection.reason.value,
+                "message": rejection.message,
+                "conditions": _ready_condition(body, False, rejection.reason, rejection.message),
+            },
+            event=(rejection.reason.value, rejection.message),
+            warn=True,
+        )
+        return
+    assert session is not None and snapshot_class is not None
+    # Tie the Checkpoint to its Session: deleting the Session deletes its checkpoints.
+    k8s.patch_custom(
+        "checkpoints",
+        meta["namespace"],
+        meta["name"],
+        {
+            "metadata": {
+                "ownerReferences": [{**owner_reference(session), "controller": False}],
+                "labels": {SESSION_LABEL: spec.session_name},
+            }
+        },
+    )
+    cursor = event_log(session).cursor()
+    created = _now()
+    session_spec = session.get("spec") or {}
+    _write(
+        body,
+        {
+            "phase": CheckpointPhase.PENDING.value,
+            "reason": None,
+            "message": f"snapshotting {view.claim} through event {cursor.seq}",
+            "throughSequence": cursor.seq,
+            "throughEventId": cursor.id,
+            "harnessRevision": (session_spec.get("harness") or {}).get("revision"),
+            "profileRevision": (session_spec.get("profile") or {}).get("revision"),
+            "volumeSnapshotName": snapshot_name(meta["name"]),
+            "resume": {"kind": "snapshot"},
+            "createdAt": rfc3339(created),
+            "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
+            "conditions": _ready_condition(body, False, "Snapshotting", "waiting for the VolumeSnapshot"),
+        },
+        event=("Accepted", f"cut at event {cursor.seq} of session {spec.session_name}"),
+    )
+    body["status"]["_claim"] = view.claim
+    body["status"]["_class"] = snapshot_class
+
+
+# --- snapshot progress ----------------------------------------------------------------
+
+
+def _progress(body: dict, settings: Settings) -> None:
+    meta, status = body["metadata"], body["status"]
+    namespace = meta["namespace"]
+    vs_name = status.get("volumeSnapshotName") or snapshot_name(meta["name"])
+    snapshot = k8s.get_volume_snapshot(namespace, vs_name)
+    if snapshot is None:
+        claim, snapshot_class = status.get("_claim"), status.get("_class")
+        if claim is None:
+            session = k8s.get_custom("sessions", namespace, body["spec"]["sessionName"]) or {}
+            claim = (session.get("status") or {}).get("workspaceClaimName")
+            pvc = k8s.get_pvc(namespace, claim) if claim else None
+            wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
+            snapshot_class = pick_snapshot_class(
+                k8s.list_volume_snapshot_classes(), k8s.csi_driver_of_claim(pvc) if pvc else None, wanted
+            )
+        if claim is None or snapshot_class is None:
+            _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
+            return
+        snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
+    state = snapshot_state(snapshot)
+    if state.error:
+        _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
+        return
+    if not state.ready:
+        created = parse_time(status["createdAt"])
+        if _now() - created > settings.snapshot_timeout:
+            _fail(
+                body,
+                FailReason.SNAPSHOT_TIMEOUT,
+                f"VolumeSnapshot {vs_name} was not ready within {settings.snapshot_timeout} "
+                "(SAVEPOINT_SNAPSHOT_TIMEOUT)",
+            )
+        return  # the VolumeSnapshot watch brings us back
+    _become_ready(body, state.restore_size)
+
+
+def _fail(body: dict, reason: FailReason, message: str) -> None:
+    _write(
+        body,
+        {
+            "phase": CheckpointPhase.FAILED.value,
+            "reason": reason.value,
+            "message": message,
+            "resume": None,
+            "conditions": _ready_condition(body, False, reason, message),
+        },
+        event=(reason.value, message),
+        warn=True,
+    )
+
+
+def _become_ready(body: dict, restore_size: str | None) -> None:
+    meta, status, spec = body["metadata"], body["status"], body["spec"]
+    session = k8s.get_custom("sessions", meta["namespace"], spec["sessionName"])
+    if session is not None:
+        elog = event_log(session)
+        if not _already_logged(elog, meta["uid"], status.get("throughSequence") or 0):
+            elog.append(
+                "checkpoint.created",
+                {
+                    "checkpoint": meta["name"],
+                    "uid": meta["uid"],
+                    "throughSequence": status.get("throughSequence"),
+                    "throughEventId": status.get("throughEventId"),
+                    "label": spec.get("label"),
+                },
+            )
+        k8s.patch_status("sessions", meta["namespace"], spec["sessionName"], {"latestCheckpoint": meta["name"]})
+    ready_at = _now()
+    snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
+    metrics.checkpoint_seconds.observe(snapshot_ms / 1000)
+    _write(
+        body,
+        {
+            "phase": CheckpointPhase.READY.value,
+            "reason": None,
+            "message": None,
+            "readyAt": rfc3339(ready_at),
+            "restoreSize": restore_size,
+            "conditions": _ready_condition(body, True, "SnapshotReady", f"restorable; snapshot took ~{snapshot_ms} ms"),
+        },
+        event=("Ready", f"VolumeSnapshot {status.get('volumeSnapshotName')} is ready ({restore_size or '?'} bytes)"),
+    )
+
+
+def _already_logged(elog, uid: str, through: int) -> bool:
+    """Whether checkpoint.created for this checkpoint is already in the log (a retried pass)."""
+    try:
+        events = elog.read(from_seq=max(1, through + 1))
+    except EventLogError:
+        return False
+    return any(e.type == "checkpoint.created" and e.data.get("uid") == uid for e in events)
+
+
+# --- expiry -----------------------------------------------------------------------------
+
+
+def expire(body: dict) -> bool:
+    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired; True when done."""
+    meta, status = body["metadata"], body.get("status") or {}
+    vs_name = status.get("volumeSnapshotName")
+    if vs_name and not k8s.delete_volume_snapshot(meta["namespace"], vs_name):
+        return False  # deletion under way; the next pass finishes
+    message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
+    metrics.expiries.inc()
+    _write(
+        body,
+        {
+            "phase": CheckpointPhase.EXPIRED.value,
+            "reason": "TTLExpired",
+            "message": message,
+            "resume": {"kind": "event_log"},
+            "conditions": _ready_condition(body, False, "TTLExpired", message),
+        },
+        event=("Expired", message),
+    )
+    return True
+
+
+def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
+    """One pass over every checkpoint: expire the overdue, delete Expired past the grace."""
+    now = now or _now()
+    counts = {"expired": 0, "deleted": 0}
+    namespaces = settings.namespaces or (None,)
+    for namespace in namespaces:
+        for body in k8s.list_custom("checkpoints", namespace):
+            status = body.get("status") or {}
+            phase, expires = status.get("phase"), status.get("expiresAt")
+            if body["metadata"].get("deletionTimestamp") or not expires:
+                continue
+            if phase in (CheckpointPhase.READY, CheckpointPhase.PENDING) and parse_time(expires) <= now:
+                try:
+                    counts["expired"] += expire(body)
+                except Exception:  # one bad object must not stop the sweep
+                    log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
+            elif phase == CheckpointPhase.EXPIRED and parse_time(expires) + settings.expired_grace <= now:
+                k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
+                counts["deleted"] += 1
+    return counts
+
+
+def release(body: dict) -> None:
+    """Finalizer: the VolumeSnapshot goes before the Checkpoint does."""
+    status = body.get("status") or {}
+    vs_name = status.get("volumeSnapshotName") or snapshot_name(body["metadata"]["name"])
+    if not k8s.delete_volume_snapshot(body["metadata"]["namespace"], vs_name):
+        raise kopf.TemporaryError(f"waiting for VolumeSnapshot {vs_name} to be deleted", delay=1)
+
+
+# --- automatic checkpoints ---------------------------------------------------------------
+
+
+def automatic_name(session: str, run_seq: int) -> str:
+    return f"{session}-run-{run_seq}"
+
+
+def ensure_automatic(session: dict, run_completed_seq: int, keep_last: int | None) -> None:
+    """Take the checkpoint for one run.completed; keep only the newest keep_last automatic ones."""
+    meta = session["metadata"]
+    name = automatic_name(meta["name"], run_completed_seq)
+    k8s.create_custom(
+        "checkpoints",
+        meta["namespace"],
+        {
+            "apiVersion": "savepoint.dev/v1alpha1",
+            "kind": "Checkpoint",
+            "metadata": {
+                "name": name,
+                "labels": {AUTOMATIC_LABEL: "true", SESSION_LABEL: meta["name"], RUN_SEQ_LABEL: str(run_completed_seq)},
+            },
+            "spec": {"sessionName": meta["name"], "label": f"after run (event {run_completed_seq})"},
+        },
+    )
+    if keep_last is None:
+        return
+    automatic = [
+        c
+        for c in k8s.list_custom(
+            "checkpoints", meta["namespace"], f"{AUTOMATIC_LABEL}=true,{SESSION_LABEL}={meta['name']}"
+        )
+        if not c["metadata"].get("deletionTimestamp")
+    ]
+    automatic.sort(key=lambda c: int(c["metadata"]["labels"].get(RUN_SEQ_LABEL, "0")))
+    for old in automatic[:-keep_last]:
+        k8s.delete_custom("checkpoints", meta["namespace"], old["metadata"]["name"])

@@ -1,0 +1,333 @@
+"""The Fork controller: forks make a new Session; rollbacks swap a Session's disk in place.
+
+A fork validates everything it can before it creates anything (an expired checkpoint
+or an unreadable log prefix leaves no Session behind), then creates the target
+Session with `spec.source` set; the Session controller restores disk and log and the
+Fork succeeds when the target is Ready. A rollback is driven here step by step, each
+step observable, so a restart resumes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from savepoint import k8s, metrics
+from savepoint.checkpoint import (
+    SNAPSHOT_GROUP,
+    effective_ttl,
+    parse_time,
+    policy_from_annotations,
+    rfc3339,
+)
+from savepoint.config import Settings, load
+from savepoint.controllers.session import event_log
+from savepoint.errors import EventLogError, HistoryUnavailable
+from savepoint.fork import (
+    FORK_ANNOTATION,
+    RESTORING_ANNOTATION,
+    ForkError,
+    ForkReason,
+    Plan,
+    build_target_session,
+    check_checkpoint,
+    newest_live,
+    plan_from_checkpoint,
+    target_claim_name,
+)
+from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
+from savepoint.session import SESSION_LABEL, build_pvc, pod_name
+
+log = logging.getLogger(__name__)
+THROUGH_ANNOTATION = "savepoint.dev/through-sequence"
+TERMINAL = (ForkPhase.SUCCEEDED, ForkPhase.FAILED)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _write(body: dict, status: dict, event: tuple[str, str] | None = None, warn: bool = False) -> None:
+    meta = body["metadata"]
+    status = {**status, "observedGeneration": meta.get("generation")}
+    k8s.patch_status("forks", meta["namespace"], meta["name"], status)
+    if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
+        metrics.fork_transitions.labels(status["phase"], status.get("reason") or "").inc()
+    body["status"] = {**(body.get("status") or {}), **status}
+    if event:
+        k8s.post_event(body, event[0], event[1], warning=warn)
+
+
+def _fail(body: dict, err: ForkError) -> None:
+    _write(
+        body,
+        {
+            "phase": ForkPhase.FAILED.value,
+            "reason": err.reason.value,
+            "message": str(err),
+            "completedAt": rfc3339(_now()),
+        },
+        event=(err.reason.value, str(err)),
+        warn=True,
+    )
+
+
+def reconcile_fork(namespace: str, name: str, settings: Settings | None = None) -> None:
+    settings = settings or load()
+    body = k8s.get_custom("forks", namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    status = body.get("status") or {}
+    if status.get("phase") in TERMINAL:
+        return
+    spec = ForkSpec.model_validate(body["spec"])
+    try:
+        plan = resolve(namespace, spec, body)
+        if spec.mode == ForkMode.ROLLBACK:
+            _rollback(body, spec, plan, settings)
+        else:
+            _fork(body, spec, plan)
+    except ForkError as err:
+        _fail(body, err)
+
+
+def _read_prefix(namespace: str, session: dict, through: int) -> None:
+    try:
+        if through:
+            event_log(session).read(1, through)
+    except HistoryUnavailable as err:
+        raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
+    except EventLogError as err:
+        raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
+
+
+def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
+    """Turn the Fork's source into a Plan, or raise the ForkError that explains why not."""
+    pinned = (body.get("status") or {}).get("plan")
+    if pinned:  # resolved on an earlier pass: do not re-resolve against a moving log
+        return Plan(**{**pinned, "mode": ForkMode(pinned["mode"]), "restore": RestoreMode(pinned["restore"])})
+    source = spec.source
+    if source.checkpoint:
+        ckpt = check_checkpoint(source.checkpoint, k8s.get_custom("checkpoints", namespace, source.checkpoint))
+        plan = plan_from_checkpoint(spec, ckpt)
+    else:
+        session = k8s.get_custom("sessions", namespace, source.session)
+        if session is None:
+            raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {source.session} not found")
+        if source.at_event:
+            plan = _plan_at_event(spec, session, source.at_event)
+        else:
+            latest = newest_live(k8s.list_custom("checkpoints", namespace, f"{SESSION_LABEL}={source.session}"))
+            if latest is not None:
+                plan = plan_from_checkpoint(spec, latest)
+            else:
+                cursor = event_log(session).cursor()
+                plan = Plan(spec.mode, RestoreMode.EVENT_LOG_REBUILD, source.session, None, None, cursor.seq, cursor.id)
+    session = k8s.get_custom("sessions", namespace, plan.source_session)
+    if session is None:
+        raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
+    _read_prefix(namespace, session, plan.through_sequence)
+    pinned = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.__dict__.items()}
+    _write(
+        body,
+        {
+            "phase": ForkPhase.PENDING.value,
+            "plan": pinned,
+            "restoreMode": plan.restore.value,
+            "startedAt": rfc3339(_now()),
+        },
+    )
+    return plan
+
+
+def _plan_at_event(spec: ForkSpec, session: dict, at_event: str) -> Plan:
+    elog = event_log(session)
+    try:
+        events = elog.read(partial=True)
+    except EventLogError as err:
+        raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
+    match = next((e for e in events if e.id == at_event or str(e.seq) == at_event), None)
+    if match is None:
+        raise ForkError(ForkReason.EVENT_NOT_FOUND, f"session {session['metadata']['name']} has no event {at_event}")
+    return Plan(spec.mode, RestoreMode.EVENT_LOG_REBUILD, session["metadata"]["name"], None, None, match.seq, match.id)
+
+
+# --- fork -------------------------------------------------------------------------------
+
+
+def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    target_name = spec.target.session_name if spec.target else None
+    assert target_name is not None  # the CRD's CEL rule requires it for a Fork
+    target = k8s.get_custom("sessions", namespace, target_name)
+    if target is None:
+        source_session = k8s.get_custom("sessions", namespace, plan.source_session)
+        if source_session is None:
+            raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
+        new = build_target_session(body, source_session, plan, spec.source.at_event)
+        new["metadata"]["annotations"][THROUGH_ANNOTATION] = str(plan.through_sequence)
+        try:
+            SessionSpec.model_validate(new["spec"])
+        except ValueError as err:
+            raise ForkError(ForkReason.TARGET_EXISTS, f"target.overrides make an invalid Session: {err}") from None
+        created = k8s.create_custom("sessions", namespace, new)
+        target = created or k8s.get_custom("sessions", namespace, target_name)
+        _write(
+            body,
+            {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
+            event=(
+                "Restoring",
+                f"session {target_name} from {plan.checkpoint or plan.source_session} "
+                f"through event {plan.through_sequence} ({plan.restore.value})",
+            ),
+        )
+    if target is None:
+        return
+    if (target["metadata"].get("annotations") or {}).get(FORK_ANNOTATION) != meta["uid"]:
+        raise ForkError(ForkReason.TARGET_EXISTS, f"session {target_name} already exists")
+    phase = (target.get("status") or {}).get("phase")
+    if phase == SessionPhase.FAILED:
+        cond = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
+        reason = (
+            ForkReason.SESSION_HISTORY_UNAVAILABLE
+            if cond.get("reason") == "SessionHistoryUnavailable"
+            else ForkReason.SESSION_NOT_READY
+        )
+        raise ForkError(reason, f"target session {target_name} failed: {cond.get('message', '')}")
+    if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
+        _succeed(body, target_name)
+
+
+def _succeed(body: dict, target: str) -> None:
+    status = body.get("status") or {}
+    started = parse_time(status["startedAt"]) if status.get("startedAt") else _now()
+    elapsed = int((_now() - started).total_seconds() * 1000)
+    metrics.restore_seconds.labels(status.get("restoreMode") or "snapshot").observe(elapsed / 1000)
+    _write(
+        body,
+        {
+            "phase": ForkPhase.SUCCEEDED.value,
+            "targetSession": target,
+            "reason": None,
+            "message": None,
+            "completedAt": rfc3339(_now()),
+            "restoreMs": elapsed,
+        },
+        event=("Succeeded", f"session {target} is ready"),
+    )
+
+
+# --- rollback ---------------------------------------------------------------------------
+
+
+def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> None:
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    session = k8s.get_custom("sessions", namespace, plan.source_session)
+    if session is None:
+        raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
+    annotations = session["metadata"].get("annotations") or {}
+    name = session["metadata"]["name"]
+    claim = target_claim_name(name, meta["name"])
+    sstatus = session.get("status") or {}
+
+    if annotations.get(RESTORING_ANNOTATION) != meta["name"]:
+        if sstatus.get("workspaceClaimName") == claim:
+            # Swapped and released on an earlier pass: wait for the session to come back.
+            if sstatus.get("phase") == SessionPhase.READY:
+                _succeed(body, name)
+            return
+        phase = sstatus.get("phase")
+        if phase in (SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
+            raise ForkError(
+                ForkReason.SESSION_BUSY,
+                f"session {name} has a {'run in flight' if phase == SessionPhase.RUNNING else 'pending approval'}",
+            )
+        _check_idle(session)
+        if phase not in (SessionPhase.READY, SessionPhase.PAUSED):
+            raise ForkError(ForkReason.SESSION_NOT_READY, f"session {name} is {phase or 'not provisioned'}")
+        if annotations.get(RESTORING_ANNOTATION):
+            raise ForkError(
+                ForkReason.SESSION_BUSY, f"session {name} is being rolled back by {annotations[RESTORING_ANNOTATION]}"
+            )
+        k8s.patch_custom(
+            "sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
+        )
+        _write(
+            body,
+            {"phase": ForkPhase.RESTORING.value, "targetSession": name},
+            event=("Restoring", f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"),
+        )
+        return  # the Session controller deletes the Pod; the next pass continues
+
+    # 1. The Pod must be gone: running processes do not survive a rollback.
+    pod = k8s.get_pod(namespace, pod_name(name))
+    if pod is not None:
+        k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
+        return
+    # 2. A new claim restored from the snapshot.
+    source_spec = SessionSpec.model_validate(session.get("spec") or {})
+    data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
+    pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(session, source_spec, claim, data_source))
+    if (pvc.get("status") or {}).get("phase") != "Bound":
+        return
+    # 3. The rollback is recorded in the same log, once.
+    elog = event_log(session)
+    tail = elog.read(from_seq=max(1, plan.through_sequence + 1), partial=True)
+    if not any(e.type == "session.rollback" and e.data.get("fork") == meta["uid"] for e in tail):
+        elog.append(
+            "session.rollback",
+            {
+                "checkpoint": plan.checkpoint,
+                "toSequence": plan.through_sequence,
+                "toEventId": plan.through_event_id,
+                "fork": meta["uid"],
+            },
+        )
+    # 4. Swap the claim in, release the old one, refresh the checkpoint's expiry.
+    old_claim = sstatus.get("workspaceClaimName")
+    started = time.monotonic()
+    k8s.patch_status(
+        "sessions",
+        namespace,
+        name,
+        {
+            "workspaceClaimName": claim,
+            "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
+        },
+    )
+    if old_claim and old_claim != claim:
+        k8s.delete_pvc(namespace, old_claim)
+    _refresh_expiry(namespace, plan.checkpoint, settings)
+    # 5. Hand the session back to its controller, which starts the Pod on the new claim.
+    k8s.patch_custom("sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}})
+    log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
+
+
+def _check_idle(session: dict) -> None:
+    """The log, not the (possibly lagging) status, decides whether a run is in flight."""
+    from savepoint.eventlog import effective_history, summarize
+
+    try:
+        summary = summarize(effective_history(event_log(session).read()))
+    except EventLogError:
+        return
+    name = session["metadata"]["name"]
+    if summary["approval_pending"]:
+        raise ForkError(ForkReason.SESSION_BUSY, f"session {name} has an approval pending")
+    if summary["run_in_flight"]:
+        raise ForkError(ForkReason.SESSION_BUSY, f"session {name} has a run in flight")
+
+
+def _refresh_expiry(namespace: str, checkpoint: str | None, settings: Settings) -> None:
+    if not checkpoint:
+        return
+    body = k8s.get_custom("checkpoints", namespace, checkpoint)
+    if body is None:
+        return
+    ns = k8s.get_namespace(namespace)
+    policy = policy_from_annotations(ns["metadata"].get("annotations"), settings.default_checkpoint_ttl)
+    ttl = effective_ttl(body["spec"].get("ttl"), policy)
+    k8s.patch_status("checkpoints", namespace, checkpoint, {"expiresAt": rfc3339(_now() + ttl)})

@@ -1,0 +1,360 @@
+"""Reconcilers: observe the cluster, ask the pure modules what should be, make it so.
+
+Every function here is idempotent and safe to re-run after a crash at any line: the
+objects it creates have names derived from the Session, and each pass starts from
+what it observes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import kopf
+
+from savepoint import k8s
+from savepoint.errors import EventLogError
+from savepoint.eventlog import EventLog, effective_history, summarize
+from savepoint.fork import RESTORING_ANNOTATION
+from savepoint.models import OperatingMode, SessionSpec
+from savepoint.session import (
+    POD_BOOT_MS,
+    POD_CREATED_MS,
+    Observed,
+    PodTemplateError,
+    build_pod,
+    build_pvc,
+    build_status,
+    claim_name,
+    owner_reference,
+    pod_name,
+    pod_phase,
+)
+
+log = logging.getLogger(__name__)
+
+# One pass at a time per Session in this process; events for Pods, claims and log chunks
+# all funnel into the same reconcile.
+_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def event_log(body: dict[str, Any]) -> EventLog:
+    meta = body["metadata"]
+    return EventLog(k8s.core(), meta["namespace"], meta["name"], owner=owner_reference(body))
+
+
+def _owned_by(obj: dict | None, body: dict) -> bool:
+    refs = (obj or {}).get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == body["metadata"]["uid"] for r in refs)
+
+
+def reconcile_session(namespace: str, name: str) -> None:
+    with _locks[(namespace, name)]:
+        body = k8s.get_custom("sessions", namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return
+        _reconcile(body)
+
+
+def _reconcile(body: dict[str, Any]) -> None:
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    spec = SessionSpec.model_validate(body.get("spec") or {})
+    old_status = body.get("status") or {}
+    annotations = meta.get("annotations") or {}
+
+    elog = event_log(body)
+    elog.ensure()
+
+    claim = old_status.get("workspaceClaimName") or claim_name(name)
+    extra: dict[str, Any] = {}
+    hold: tuple[str, str] | None = None  # (reason, message) while the Pod must stay away
+    if spec.source and "restore" not in old_status:
+        try:
+            restored = restore_from_source(body, spec, elog, claim)
+        except RestoreError as err:
+            _write_failed(body, spec, claim, elog, err.reason, str(err))
+            return
+        if restored is None:
+            hold = ("Restoring", f"restoring from {spec.source.checkpoint or spec.source.session}")
+        else:
+            extra.update(restored)
+    elif "restore" not in old_status:
+        extra["restore"] = {"mode": "fresh"}
+    if annotations.get(RESTORING_ANNOTATION):
+        hold = ("RollingBack", f"rolling back ({annotations[RESTORING_ANNOTATION]})")
+
+    reclaimed = old_status.get("reclaimedCheckpoint")
+    if reclaimed and spec.operating_mode == OperatingMode.RUNNING and hold is None:
+        claim, resumed = resume_reclaimed(body, spec, elog, reclaimed)
+        extra.update(resumed)
+
+    pvc = k8s.get_pvc(namespace, claim)
+    if pvc is None and hold is None and not reclaimed:
+        pvc = k8s.ensure_pvc(build_pvc(body, spec, claim))
+    elif pvc is not None and not _owned_by(pvc, body):
+        # A claim left by an earlier Session of the same name, still being collected.
+        raise kopf.TemporaryError(f"PersistentVolumeClaim {claim} belongs to another object", delay=2)
+
+    pod = k8s.get_pod(namespace, pod_name(name))
+    if pod is not None and not _owned_by(pod, body):
+        raise kopf.TemporaryError(f"Pod {pod_name(name)} belongs to another object", delay=2)
+    template_error = None
+    if spec.operating_mode == OperatingMode.PAUSED or hold is not None:
+        if pod is not None and not pod["metadata"].get("deletionTimestamp"):
+            k8s.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+    elif pod is None:
+        try:
+            pod = k8s.ensure_pod(build_pod(body, spec, claim, now_ms()))
+        except PodTemplateError as err:
+            template_error = str(err)
+    elif pod_phase(pod) == "Running" and POD_BOOT_MS not in (pod["metadata"].get("annotations") or {}):
+        created = int((pod["metadata"].get("annotations") or {}).get(POD_CREATED_MS, now_ms()))
+        boot = str(max(0, now_ms() - created))
+        k8s.annotate_pod(namespace, pod["metadata"]["name"], {POD_BOOT_MS: boot})
+        pod["metadata"].setdefault("annotations", {})[POD_BOOT_MS] = boot
+
+    paused = spec.operating_mode == OperatingMode.PAUSED and old_status.get("phase") == "Paused"
+    if paused and spec.workspace.reclaim_on_pause and hold is None and pod is None and pvc and not reclaimed:
+        done = reclaim_workspace(body, claim)
+        if done:
+            extra["reclaimedCheckpoint"] = done
+            pvc = None
+
+    seen = _observe_log(elog, pod, pvc)
+    status = build_status(body, spec, seen, claim)
+    if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
+        _override_ready(status, meta, "Provisioning", hold[0], hold[1])
+    if template_error:
+        _override_ready(status, meta, "Failed", "InvalidPodTemplate", template_error)
+    status.update(extra)
+    _commit(body, status)
+    policy = spec.checkpoint_policy
+    if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
+        # Deferred import: the checkpoint controller builds on this module.
+        from savepoint.controllers.checkpoint import ensure_automatic
+
+        ensure_automatic(body, seen.last_run_completed, policy.keep_last)
+
+
+def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: str) -> None:
+    status["phase"] = phase
+    previous = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+    status["conditions"] = [
+        *[c for c in status["conditions"] if c["type"] != "Ready"],
+        {
+            "type": "Ready",
+            "status": "False",
+            "reason": reason,
+            "message": message,
+            "lastTransitionTime": previous.get("lastTransitionTime"),
+            "observedGeneration": meta.get("generation"),
+        },
+    ]
+
+
+def _commit(body: dict, status: dict) -> None:
+    meta = body["metadata"]
+    old_status = body.get("status") or {}
+    k8s.patch_status("sessions", meta["namespace"], meta["name"], status)
+    if status["phase"] != old_status.get("phase"):
+        ready = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+        message = f"phase {old_status.get('phase') or '-'} -> {status['phase']}: {ready.get('message', '')}"
+        k8s.post_event(
+            body,
+            ready.get("reason", status["phase"]) if status["phase"] == "Failed" else status["phase"],
+            message,
+            warning=status["phase"] == "Failed",
+        )
+
+
+def _write_failed(body: dict, spec: SessionSpec, claim: str, elog: EventLog, reason: str, message: str) -> None:
+    seen = _observe_log(elog, None, None)
+    status = build_status(body, spec, seen, claim)
+    _override_ready(status, body["metadata"], "Failed", reason, message)
+    _commit(body, status)
+
+
+def reclaim_name(session: str, generation: int) -> str:
+    return f"{session}-pause-{generation}"
+
+
+def reclaim_workspace(body: dict, claim: str) -> str | None:
+    """Checkpoint a paused session's workspace, then delete the claim; the checkpoint's name once done."""
+    meta = body["metadata"]
+    name = reclaim_name(meta["name"], meta.get("generation") or 0)
+    ckpt = k8s.get_custom("checkpoints", meta["namespace"], name)
+    if ckpt is None:
+        k8s.create_custom(
+            "checkpoints",
+            meta["namespace"],
+            {
+                "apiVersion": "savepoint.dev/v1alpha1",
+                "kind": "Checkpoint",
+                "metadata": {"name": name, "labels": {"savepoint.dev/reclaim": "true"}},
+                "spec": {"sessionName": meta["name"], "label": "workspace reclaimed on pause"},
+            },
+        )
+        return None
+    phase = (ckpt.get("status") or {}).get("phase")
+    if phase != "Ready":
+        if phase in ("Rejected", "Failed"):
+            log.warning(
+                "keeping the workspace of %s/%s: reclaim checkpoint %s is %s",
+                meta["namespace"],
+                meta["name"],
+                name,
+                phase,
+            )
+        return None
+    k8s.delete_pvc(meta["namespace"], claim)
+    k8s.post_event(body, "WorkspaceReclaimed", f"workspace {claim} deleted; kept in checkpoint {name}")
+    return name
+
+
+def resume_reclaimed(body: dict, spec: SessionSpec, elog: EventLog, checkpoint: str) -> tuple[str, dict]:
+    """A resumed session whose disk was reclaimed: restore it, or rebuild from the log if it expired."""
+    from savepoint.checkpoint import SNAPSHOT_GROUP
+    from savepoint.fork import target_claim_name
+
+    meta = body["metadata"]
+    claim = target_claim_name(meta["name"], checkpoint)
+    ckpt = k8s.get_custom("checkpoints", meta["namespace"], checkpoint)
+    cstatus = (ckpt or {}).get("status") or {}
+    if cstatus.get("phase") == "Ready":
+        source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
+        restore = {"mode": "snapshot", "checkpoint": checkpoint, "throughSequence": cstatus.get("throughSequence")}
+    else:
+        source = None
+        restore = {
+            "mode": "event_log_rebuild",
+            "reason": "checkpoint_expired",
+            "checkpoint": checkpoint,
+            "throughSequence": elog.cursor().seq,
+        }
+    if k8s.get_pvc(meta["namespace"], claim) is None:
+        k8s.ensure_pvc(build_pvc(body, spec, claim, source))
+        if source is None:
+            elog.append("session.rebuilt", {"checkpoint": checkpoint, "reason": "checkpoint_expired"})
+        k8s.post_event(body, "WorkspaceRestored", f"workspace {claim} from {restore['mode']} ({checkpoint})")
+    return claim, {"restore": restore, "reclaimedCheckpoint": None, "workspaceClaimName": claim}
+
+
+class RestoreError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: str) -> dict | None:
+    """Bring disk and log from spec.source; None while in progress, status fields when done."""
+    from savepoint.checkpoint import SNAPSHOT_GROUP
+    from savepoint.errors import HistoryUnavailable
+
+    meta = body["metadata"]
+    namespace = meta["namespace"]
+    source = spec.source
+    assert source is not None
+    through = (meta.get("annotations") or {}).get("savepoint.dev/through-sequence")
+    data_source = None
+    parent = source.session
+    if source.checkpoint:
+        ckpt = k8s.get_custom("checkpoints", namespace, source.checkpoint)
+        cstatus = (ckpt or {}).get("status") or {}
+        if ckpt is None or cstatus.get("phase") != "Ready":
+            if cstatus.get("phase") == "Expired":
+                raise RestoreError("CheckpointExpired", f"checkpoint {source.checkpoint} has expired")
+            raise RestoreError("CheckpointNotReady", f"checkpoint {source.checkpoint} is not Ready")
+        parent = ckpt["spec"]["sessionName"]
+        through = through or str(cstatus.get("throughSequence") or 0)
+        data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
+    parent_body = k8s.get_custom("sessions", namespace, parent) if parent else None
+    if parent_body is None:
+        raise RestoreError("SessionHistoryUnavailable", f"source session {parent} not found")
+    parent_log = event_log(parent_body)
+    if through is None:
+        if source.at_event:
+            match = next(
+                (e for e in parent_log.read(partial=True) if e.id == source.at_event or str(e.seq) == source.at_event),
+                None,
+            )
+            if match is None:
+                raise RestoreError("EventNotFound", f"session {parent} has no event {source.at_event}")
+            through = str(match.seq)
+        else:
+            through = str(parent_log.cursor().seq)
+    through_seq = int(through)
+
+    # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild.
+    started = now_ms()
+    pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
+    # Log: the parent's prefix, then session.forked, exactly once.
+    try:
+        cursor = elog.cursor()
+        if cursor.seq < through_seq:
+            cursor = parent_log.copy_to(elog, through_seq)
+        if cursor.seq == through_seq:
+            elog.append(
+                "session.forked",
+                {
+                    "parentSession": parent,
+                    "checkpoint": source.checkpoint,
+                    "throughSequence": through_seq,
+                    "mode": "snapshot" if data_source else "event_log_rebuild",
+                },
+            )
+    except HistoryUnavailable as err:
+        raise RestoreError("SessionHistoryUnavailable", str(err)) from None
+    if (pvc.get("status") or {}).get("phase") != "Bound":
+        return None
+    created = int((meta.get("annotations") or {}).get("savepoint.dev/restore-started-ms", started))
+    restore: dict[str, Any] = {
+        "mode": "snapshot" if data_source else "event_log_rebuild",
+        "throughSequence": through_seq,
+    }
+    if source.checkpoint:
+        restore["checkpoint"] = source.checkpoint
+    return {
+        "restore": restore,
+        "parentSession": parent,
+        "forkedFromCheckpoint": source.checkpoint,
+        "usage": {**((body.get("status") or {}).get("usage") or {}), "restoreMs": max(0, now_ms() - created)},
+    }
+
+
+def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
+    try:
+        events = elog.read()
+        history = effective_history(events)
+        summary = summarize(history)
+        last = events[-1] if events else None
+        completed = [e.seq for e in history if e.type == "run.completed"]
+        return Observed(
+            pod=pod,
+            pvc=pvc,
+            log_cursor=(last.seq, last.id) if last else (0, ""),
+            log_chunks=len(elog.chunk_names()),
+            log_error=None,
+            run_in_flight=summary["run_in_flight"],
+            approval_pending=summary["approval_pending"],
+            runs=summary["runs"],
+            last_run_completed=completed[-1] if completed else 0,
+        )
+    except EventLogError as err:
+        return Observed(
+            pod=pod,
+            pvc=pvc,
+            log_cursor=None,
+            log_chunks=0,
+            log_error=str(err),
+            run_in_flight=False,
+            approval_pending=False,
+            runs=0,
+        )

@@ -1,0 +1,966 @@
+"""The session event log: an append-only, chunked log of events kept in ConfigMaps.
+
+Used by the operator and by harnesses inside sandboxes, so it imports only the standard
+library and the synchronous `kubernetes` client (never kopf). docs/event-log.md is the
+user-facing description; DESIGN.md section 3 is the specification.
+
+Storage: ConfigMaps `<session>-log-<index:06d>` (index from 1), labelled
+`savepoint.dev/session=<session>`. Each holds one data key per event: the key is the
+sequence number zero-padded to 12 digits and the value the event's JSON, so a reader
+sees a gap as a missing key. The annotation `savepoint.dev/first-seq` gives the chunk's
+first sequence number (an empty chunk still knows where it starts), and
+`savepoint.dev/sealed: "true"` marks a chunk that takes no more events.
+
+Concurrency: every write is conditional on the chunk's resourceVersion, so of two
+writers that read the same state one wins and the other gets 409 and retries from a
+fresh read. A full chunk is first sealed (a conditional write, so an append racing it
+conflicts) and only then is the next chunk created holding the new event; AlreadyExists
+means another writer rolled over first. Only the newest chunk is ever unsealed, so a
+sequence number can be taken in exactly one place.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import json
+import random
+import re
+import secrets
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from savepoint.errors import (
+    EventLogError,
+    EventTooLarge,
+    HistoryUnavailable,
+    MalformedChunk,
+    SequenceOutOfRange,
+)
+
+__all__ = [
+    "TOMBSTONE_KEY",
+    "Cursor",
+    "Event",
+    "EventLog",
+    "effective_history",
+    "summarize",
+]
+
+TOMBSTONE_KEY = "savepoint.dev/erased"
+SESSION_LABEL = "savepoint.dev/session"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "savepoint"
+FIRST_SEQ_ANNOTATION = "savepoint.dev/first-seq"
+SEALED_ANNOTATION = "savepoint.dev/sealed"
+
+# Event types with a meaning to this module.
+ROLLBACK = "session.rollback"
+RUN_STARTED = "run.started"
+RUN_COMPLETED = "run.completed"
+APPROVAL_REQUEST = "agent.approval_request"
+APPROVAL = "user.approval"
+
+KEY_DIGITS = 12
+MAX_SEQ = 10**KEY_DIGITS - 1
+# The API server refuses a ConfigMap whose keys plus values exceed 1 MiB.
+CONFIGMAP_DATA_LIMIT = 1024 * 1024
+# Chunk size, chosen by measurement (docs/event-log.md, "Performance"): every append
+# rewrites the whole chunk in etcd and returns it over the wire, so a near-full 900 KiB
+# chunk makes each append several times dearer than a small one, while small chunks
+# only add objects to list on a full read.
+DEFAULT_MAX_CHUNK_BYTES = 900 * 1024
+
+_KEY_RE = re.compile(r"\d{12}")
+_META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+_MERGE_PATCH = "application/merge-patch+json"
+
+
+# ---------------------------------------------------------------------------- events
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with microseconds and a `Z`, the format of `Event.time`."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str) -> datetime:
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _seq_key(seq: int) -> str:
+    return f"{seq:0{KEY_DIGITS}d}"
+
+
+def _new_event_id(seq: int, nonce: str) -> str:
+    # The sequence number, zero-padded, then 48 random bits. Sorting ids sorts by seq,
+    # which is the log's true order; a ULID would sort by the writer's clock, and
+    # writers in different pods disagree about time. The random part makes an id
+    # recorded elsewhere (a checkpoint's throughEventId) detect a log that was deleted
+    # and rebuilt under the same name, and lets a writer recognise its own event after
+    # a write whose outcome it never heard.
+    return f"{_seq_key(seq)}-{nonce}"
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    id: str
+    type: str
+    time: str
+    data: dict[str, Any]
+    subject: str | None = None
+
+    @property
+    def erased(self) -> bool:
+        return self.data.get(TOMBSTONE_KEY) is True
+
+    def to_json(self) -> str:
+        obj: dict[str, Any] = {"seq": self.seq, "id": self.id, "type": self.type, "time": self.time}
+        if self.subject is not None:
+            obj["subject"] = self.subject
+        obj["data"] = self.data
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Event:
+        """Parse one event; ValueError (json.JSONDecodeError included) says what is wrong."""
+        obj = json.loads(text)
+        if not isinstance(obj, dict):
+            raise ValueError("an event must be a JSON object")
+        seq = obj.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+            raise ValueError("seq must be a positive integer")
+        for name in ("id", "type", "time"):
+            if not isinstance(obj.get(name), str) or not obj[name]:
+                raise ValueError(f"{name} must be a non-empty string")
+        if not isinstance(obj.get("data"), dict):
+            raise ValueError("data must be a JSON object")
+        subject = obj.get("subject")
+        if subject is not None and not isinstance(subject, str):
+            raise ValueError("subject must be a string")
+        return cls(
+            seq=seq,
+            id=obj["id"],
+            type=obj["type"],
+            time=obj["time"],
+            data=obj["data"],
+            subject=subject,
+        )
+
+
+@dataclass(frozen=True)
+class Cursor:
+    seq: int
+    id: str
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def effective_history(events: Sequence[Event]) -> list[Event]:
+    """The effective conversation: what is left after honouring `session.rollback`.
+
+    A rollback event with `data.toSequence = N` makes the history at that point equal to
+    the effective history of events 1..N, followed by the rollback event itself; the
+    events between N and the rollback are a closed branch. Because "the history of
+    events 1..N" is itself effective, nested rollbacks compose, including a rollback to
+    a point inside an earlier closed branch (a checkpoint taken there). A rollback with
+    no valid `toSequence` (e.g. erased) counts as an ordinary event. Gaps in the input
+    are tolerated: rolling back to a missing N lands on the newest event before it.
+    Idempotent: effective_history(effective_history(x)) == effective_history(x).
+    """
+    ordered = sorted(events, key=lambda e: e.seq)
+    seqs: list[int] = []
+    parents: list[int] = []
+    for i, event in enumerate(ordered):
+        parent = i - 1
+        if event.type == ROLLBACK:
+            target = event.data.get("toSequence")
+            if isinstance(target, int) and not isinstance(target, bool) and 0 <= target < event.seq:
+                parent = bisect.bisect_right(seqs, target) - 1
+        seqs.append(event.seq)
+        parents.append(parent)
+    chain: list[Event] = []
+    i = len(ordered) - 1
+    while i >= 0:
+        chain.append(ordered[i])
+        i = parents[i]
+    chain.reverse()
+    return chain
+
+
+def _ident(data: dict[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value)
+
+
+def _open(pending: list[str | None], ident: str | None) -> None:
+    if ident is None or ident not in pending:
+        pending.append(ident)
+
+
+def _close(pending: list[str | None], ident: str | None) -> None:
+    if ident is not None and ident in pending:
+        pending.remove(ident)
+        return
+    # No id to match on: the oldest open one, preferring one that had no id either.
+    for i, other in enumerate(pending):
+        if other is None:
+            del pending[i]
+            return
+    if ident is None and pending:
+        del pending[0]
+
+
+def summarize(events: Sequence[Event]) -> dict[str, Any]:
+    """What the Session controller derives its phase from, over the effective history.
+
+    - run_in_flight: a run.started without a later run.completed (matched by
+      data.runId when both carry one, else by order);
+    - approval_pending: an agent.approval_request without a later user.approval
+      (matched by data.requestId likewise);
+    - runs: completed runs (run.completed events, a repeated runId counted once).
+    """
+    runs_open: list[str | None] = []
+    approvals_open: list[str | None] = []
+    completed_ids: set[str] = set()
+    runs = 0
+    for event in effective_history(events):
+        if event.type == RUN_STARTED:
+            _open(runs_open, _ident(event.data, "runId"))
+        elif event.type == RUN_COMPLETED:
+            run_id = _ident(event.data, "runId")
+            _close(runs_open, run_id)
+            if run_id is None:
+                runs += 1
+            elif run_id not in completed_ids:
+                completed_ids.add(run_id)
+                runs += 1
+        elif event.type == APPROVAL_REQUEST:
+            _open(approvals_open, _ident(event.data, "requestId"))
+        elif event.type == APPROVAL:
+            _close(approvals_open, _ident(event.data, "requestId"))
+    return {
+        "run_in_flight": bool(runs_open),
+        "approval_pending": bool(approvals_open),
+        "runs": runs,
+    }
+
+
+# ---------------------------------------------------------------------- chunks
+
+
+@dataclass
+class _Meta:
+    index: int
+    name: str
+    first_seq: int
+
+
+@dataclass
+class _Chunk:
+    index: int
+    name: str
+    resource_version: str
+    first_seq: int
+    sealed: bool
+    data: dict[str, str]
+    last_seq: int  # first_seq - 1 when empty
+    used: int  # bytes of keys plus values, as the API server counts them
+
+    def event(self, seq: int) -> Event | None:
+        text = self.data.get(_seq_key(seq))
+        if text is None:
+            return None
+        return _parse_event(self.name, _seq_key(seq), text)
+
+
+def _parse_event(chunk: str, key: str, text: str) -> Event:
+    try:
+        event = Event.from_json(text)
+    except ValueError as err:
+        raise MalformedChunk(chunk, key, f"value is not a valid event: {err}") from None
+    if _seq_key(event.seq) != key:
+        raise MalformedChunk(chunk, key, f"value holds seq {event.seq}, not {int(key)}")
+    return event
+
+
+def _first_seq(meta: dict[str, Any]) -> int:
+    raw = (meta.get("annotations") or {}).get(FIRST_SEQ_ANNOTATION)
+    if raw is None or not raw.isdigit() or int(raw) < 1:
+        raise MalformedChunk(
+            meta["name"],
+            None,
+            f"annotation {FIRST_SEQ_ANNOTATION} is missing or not a positive integer",
+        )
+    return int(raw)
+
+
+def _parse_chunk(obj: dict[str, Any], index: int) -> _Chunk:
+    meta = obj["metadata"]
+    name = meta["name"]
+    first = _first_seq(meta)
+    if obj.get("binaryData"):
+        key = sorted(obj["binaryData"])[0]
+        raise MalformedChunk(name, key, "binaryData is never written by the event log")
+    data: dict[str, str] = obj.get("data") or {}
+    last = first - 1
+    used = 0
+    for key, value in data.items():
+        if not _KEY_RE.fullmatch(key):
+            raise MalformedChunk(name, key, "key is not a 12-digit sequence number")
+        seq = int(key)
+        if seq < first:
+            raise MalformedChunk(name, key, f"below the chunk's first sequence {first}")
+        last = max(last, seq)
+        used += len(key) + len(value.encode())
+    sealed = (meta.get("annotations") or {}).get(SEALED_ANNOTATION) == "true"
+    return _Chunk(index, name, meta["resourceVersion"], first, sealed, data, last, used)
+
+
+@dataclass
+class _Draft:
+    """An event waiting for its sequence number (or, when copying, one that has it)."""
+
+    type: str
+    data: dict[str, Any]
+    subject: str | None
+    time: str
+    nonce: str
+    fixed: Event | None = None
+
+    def at(self, seq: int) -> Event:
+        if self.fixed is not None:
+            return self.fixed
+        return Event(seq, _new_event_id(seq, self.nonce), self.type, self.time, self.data, self.subject)
+
+
+class _Conflict(Exception):
+    """409: the chunk changed under us (update) or someone created it first (create)."""
+
+
+class _Ambiguous(Exception):
+    """The request may or may not have been applied (timeout, 5xx, dropped connection)."""
+
+
+class _Gone(Exception):
+    """404 on a write: the chunk was deleted (log deleted, or a stale cache)."""
+
+
+class _Diverged(Exception):
+    """A copy's next event does not have the target's next sequence number."""
+
+
+def _classify(err: Exception) -> Exception:
+    if isinstance(err, ApiException):
+        if err.status == 409:
+            return _Conflict()
+        if err.status == 404:
+            return _Gone()
+        if err.status == 429:
+            # Refused before it was processed: retrying is safe.
+            return _Conflict()
+        if err.status == 0 or err.status >= 500:
+            return _Ambiguous()
+        return err
+    if isinstance(err, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError):
+        return _Ambiguous()
+    return err
+
+
+def _label_value(session: str) -> str:
+    if len(session) <= 63:
+        return session
+    # Label values stop at 63 characters; chunk names still say exactly whose they are.
+    return f"{session[:54]}-{hashlib.sha256(session.encode()).hexdigest()[:8]}"
+
+
+# ---------------------------------------------------------------------- the log
+
+
+class EventLog:
+    """One session's event log. Thread-safe; any number of processes may write at once."""
+
+    def __init__(
+        self,
+        core: Any,
+        namespace: str,
+        session: str,
+        *,
+        owner: dict[str, Any] | None = None,
+        max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+        max_attempts: int = 200,
+        request_timeout: float = 30.0,
+    ) -> None:
+        if not 1024 <= max_chunk_bytes <= CONFIGMAP_DATA_LIMIT - 4096:
+            raise ValueError(
+                f"max_chunk_bytes must be between 1024 and {CONFIGMAP_DATA_LIMIT - 4096} "
+                f"(a ConfigMap holds at most {CONFIGMAP_DATA_LIMIT} bytes of data)"
+            )
+        self.core = core
+        self.namespace = namespace
+        self.session = session
+        self.owner = owner
+        self.max_chunk_bytes = max_chunk_bytes
+        self.max_attempts = max_attempts
+        self.request_timeout = request_timeout
+        # Lost optimistic-concurrency races (409s and 429s), for metrics.
+        self.conflicts = 0
+        self._selector = f"{SESSION_LABEL}={_label_value(session)}"
+        self._name_re = re.compile(re.escape(session) + r"-log-(\d{6})")
+        self._lock = threading.RLock()
+        self._tail: _Chunk | None = None  # the newest chunk as of our last write to it
+        self._hint: int | None = None  # index of the newest chunk we know of
+
+    def __repr__(self) -> str:
+        return f"EventLog(namespace={self.namespace!r}, session={self.session!r})"
+
+    def chunk_name(self, index: int) -> str:
+        return f"{self.session}-log-{index:06d}"
+
+    def chunk_names(self) -> list[str]:
+        """Names of the chunks that exist now, oldest first (one metadata-only list call)."""
+        return [meta.name for meta in self._list_meta()]
+
+    # ------------------------------------------------------------- public API
+
+    def ensure(self) -> None:
+        """Create the first chunk, empty, unless the log already has a chunk."""
+        if self._list_meta():
+            return
+        try:
+            self._create(1, 1, [])
+        except ApiException as err:
+            if err.status != 409:  # AlreadyExists: someone else ensured it
+                raise
+
+    def append(self, type: str, data: dict[str, Any], subject: str | None = None) -> Event:
+        """Append one event and return it with its seq and id."""
+        return self._write([self._draft(type, data, subject)])[0]
+
+    def append_many(
+        self, items: Iterable[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str | None]]
+    ) -> list[Event]:
+        """Append several events in as few writes as fit; they keep their relative order.
+
+        Events that fit one chunk are written in one request (all or none). A batch that
+        crosses a chunk boundary is written in several, and another writer's events may
+        then fall between its parts.
+        """
+        drafts = [self._draft(*item) for item in items]
+        return self._write(drafts) if drafts else []
+
+    def read(self, from_seq: int = 1, to_seq: int | None = None, *, partial: bool = False) -> list[Event]:
+        """Events from_seq..to_seq (inclusive; to_seq None means the end of the log).
+
+        Raises HistoryUnavailable naming the first unreadable span and why (retention
+        deleted its chunks, or its events were erased), and SequenceOutOfRange when
+        to_seq is past the end. With partial=True nothing is raised for those: deleted
+        events are skipped and erased ones returned with their tombstone data.
+        """
+        if from_seq < 1:
+            raise ValueError("from_seq starts at 1")
+        if to_seq is not None and to_seq < from_seq:
+            return []
+        metas = self._list_meta()
+        chosen: list[_Meta] = []
+        for i, meta in enumerate(metas):
+            ends_before = i + 1 < len(metas) and metas[i + 1].first_seq <= from_seq
+            if ends_before:
+                continue
+            if to_seq is not None and meta.first_seq > to_seq:
+                break
+            chosen.append(meta)
+        if len(chosen) > 3:
+            # One paged list beats a request per chunk on long reads.
+            chunks = self._list_chunks({m.index for m in chosen})
+        else:
+            chunks = [c for c in (self._get(m.index) for m in chosen) if c is not None]
+        # A chunk listed but gone by the time we fetched it was deleted by retention.
+        gone = {m.index for m in chosen} - {c.index for c in chunks}
+        # Chunks created since the listing hold nothing older than what we have.
+        while chunks and chunks[-1].sealed and chunks[-1].index == metas[-1].index:
+            nxt = self._get(chunks[-1].index + 1)
+            if nxt is None or (to_seq is not None and nxt.first_seq > to_seq):
+                break
+            chunks.append(nxt)
+            metas.append(_Meta(nxt.index, nxt.name, nxt.first_seq))
+        present = {m.index for m in metas} - gone
+        # The log's end is known only when its newest chunk was read; a to_seq below the
+        # newest chunk's first seq is inside the log anyway.
+        if not metas:
+            log_end: int | None = 0
+        elif chunks and chunks[-1].index == metas[-1].index:
+            log_end = chunks[-1].last_seq
+        else:
+            log_end = None
+        return self._collect(chunks, present, from_seq, to_seq, log_end, partial)
+
+    def cursor(self) -> Cursor:
+        """The last event's seq and id; Cursor(0, "") for an empty or missing log."""
+        with self._lock:
+            self._tail = None
+            tail = self._load_tail()
+        if tail is None or tail.last_seq < 1:
+            return Cursor(0, "")
+        event = tail.event(tail.last_seq)
+        if event is None:  # an empty chunk after a full one: only by hand
+            event = self.read(tail.last_seq, tail.last_seq, partial=True)[-1]
+        return Cursor(event.seq, event.id)
+
+    def effective_history(self, *, partial: bool = False) -> list[Event]:
+        """effective_history() of the whole log (see read() for partial)."""
+        return effective_history(self.read(1, None, partial=partial))
+
+    def apply_retention(self, older_than: timedelta, now: datetime | None = None) -> list[str]:
+        """Delete the oldest chunks whose newest event is older than `older_than`.
+
+        Only a prefix of sealed chunks is deleted (the log never gets a hole in the
+        middle) and never the newest chunk. Returns the names of the deleted chunks.
+        """
+        now = now or datetime.now(UTC)
+        if now.tzinfo is None:
+            now = now.replace(tzinfo=UTC)
+        cutoff = now - older_than
+        deleted: list[str] = []
+        for meta in self._list_meta()[:-1]:
+            chunk = self._get(meta.index)
+            if chunk is None:
+                continue
+            if not chunk.sealed:
+                break
+            newest = chunk.event(chunk.last_seq)
+            if newest is not None and parse_time(newest.time) >= cutoff:
+                break
+            self._delete_chunk(chunk.name)
+            deleted.append(chunk.name)
+        return deleted
+
+    def erase(self, subject: str) -> int:
+        """Replace the data of every event with this subject by a tombstone.
+
+        Covers the events appended before the call. Returns how many events it erased
+        now (0 when called again). Type, seq, id, time and subject stay, so erased
+        events keep their place; reading them raises HistoryUnavailable.
+        """
+        erased = 0
+        for meta in self._list_meta():
+            for attempt in range(1, self.max_attempts + 1):
+                chunk = self._get(meta.index)
+                if chunk is None:
+                    break
+                changes: dict[str, str] = {}
+                for key, text in chunk.data.items():
+                    event = _parse_event(chunk.name, key, text)
+                    if event.subject == subject and not event.erased:
+                        tomb = dataclasses.replace(event, data={TOMBSTONE_KEY: True})
+                        changes[key] = tomb.to_json()
+                if not changes:
+                    break
+                try:
+                    self._patch(chunk, {"data": changes})
+                except ApiException as err:
+                    if not isinstance(_classify(err), _Conflict):
+                        raise
+                    self._count_conflict()
+                    self._backoff(attempt)
+                    continue
+                erased += len(changes)
+                break
+            else:
+                raise EventLogError(
+                    f"erasing subject {subject!r} from {meta.name}: gave up after "
+                    f"{self.max_attempts} conflicting attempts"
+                )
+        with self._lock:
+            self._tail = None
+        return erased
+
+    def copy_to(self, target: EventLog, through_seq: int) -> Cursor:
+        """Copy events 1..through_seq, unchanged, into `target` (a new session's log).
+
+        Idempotent and resumable: events the target already holds are checked (same id)
+        and skipped. The target may have gone on to append its own events after a
+        completed copy. Raises HistoryUnavailable when the source prefix is incomplete,
+        EventLogError when the target holds different events.
+        """
+        if through_seq < 0:
+            raise ValueError("through_seq must be >= 0")
+        if through_seq == 0:
+            target.ensure()
+            return Cursor(0, "")
+        source = self.read(1, through_seq)
+        done = Cursor(through_seq, source[-1].id)
+        for attempt in range(1, self.max_attempts + 1):
+            have = target.cursor().seq
+            upto = min(have, through_seq)
+            if upto:
+                for event in target.read(1, upto, partial=True):
+                    if event.id != source[event.seq - 1].id:
+                        raise EventLogError(
+                            f"cannot copy {self.session!r} into {target.session!r}: the "
+                            f"target already holds a different event at seq {event.seq}"
+                        )
+            if have >= through_seq:
+                return done
+            rest = source[have:]
+            try:
+                target._write([_Draft(e.type, e.data, e.subject, e.time, "", e) for e in rest])
+            except _Diverged:
+                target._backoff(attempt)
+                continue
+            return done
+        raise EventLogError(f"copying into {target.session!r}: the target kept changing")
+
+    def delete(self) -> None:
+        """Delete every chunk of this log (already gone is fine)."""
+        with self._lock:
+            for _ in range(10):
+                metas = self._list_meta()
+                if not metas:
+                    break
+                for meta in metas:
+                    self._delete_chunk(meta.name)
+            self._tail = None
+            self._hint = None
+
+    # ----------------------------------------------------------------- writing
+
+    def _draft(self, type: str, data: dict[str, Any], subject: str | None = None) -> _Draft:
+        if not isinstance(type, str) or not type:
+            raise ValueError("an event type is a non-empty string")
+        if not isinstance(data, dict):
+            raise ValueError("event data is a dict (a JSON object)")
+        if TOMBSTONE_KEY in data:
+            raise ValueError(f"{TOMBSTONE_KEY} is reserved for erased events")
+        if subject is not None and not isinstance(subject, str):
+            raise ValueError("subject is a string or None")
+        draft = _Draft(type, data, subject, format_time(datetime.now(UTC)), secrets.token_hex(6))
+        widest = self._size(draft.at(MAX_SEQ))
+        if widest > self.max_chunk_bytes:
+            raise EventTooLarge(type, widest, self.max_chunk_bytes)
+        return draft
+
+    @staticmethod
+    def _size(event: Event) -> int:
+        return KEY_DIGITS + len(event.to_json().encode())
+
+    def _fit(self, pending: list[_Draft], first: int, room: int) -> list[Event]:
+        batch: list[Event] = []
+        used = 0
+        for draft in pending:
+            event = draft.at(first + len(batch))
+            if event.seq != first + len(batch):
+                if not batch:
+                    raise _Diverged()
+                break
+            size = self._size(event)
+            if used + size > room:
+                break
+            batch.append(event)
+            used += size
+        return batch
+
+    def _write(self, pending: list[_Draft]) -> list[Event]:
+        written: list[Event] = []
+        failures = 0
+        # Writes whose outcome we never heard (timeout, 5xx): (chunk index, batch). Each
+        # was conditional on a resourceVersion, so at most one of them can ever land, and
+        # none can once one of our later writes succeeds. Until then every attempt first
+        # looks for them in the very snapshot it is about to write against.
+        unsure: list[tuple[int, list[Event]]] = []
+        with self._lock:
+            while pending:
+                if failures >= self.max_attempts:
+                    raise EventLogError(
+                        f"appending to the event log of session {self.session!r}: gave up "
+                        f"after {failures} failed attempts (conflicts or API errors)"
+                    )
+                batch: list[Event] = []
+                index = 0
+                try:
+                    tail = self._tail if self._tail is not None else self._load_tail()
+                    landed = self._find_landed(unsure, tail)
+                    if landed is not None:
+                        batch = landed
+                    elif tail is None or tail.sealed:
+                        index = 1 if tail is None else tail.index + 1
+                        first = 1 if tail is None else tail.last_seq + 1
+                        batch = self._fit(pending, first, self.max_chunk_bytes)
+                        if not batch:
+                            size = self._size(pending[0].at(first))
+                            raise EventTooLarge(pending[0].type, size, self.max_chunk_bytes)
+                        self._tail = self._create(index, first, batch)
+                        self._hint = index
+                    else:
+                        index = tail.index
+                        room = self.max_chunk_bytes - tail.used
+                        batch = self._fit(pending, tail.last_seq + 1, room)
+                        if not batch:
+                            if tail.used == 0:
+                                size = self._size(pending[0].at(tail.last_seq + 1))
+                                raise EventTooLarge(pending[0].type, size, self.max_chunk_bytes)
+                            self._seal(tail)
+                            continue
+                        entries = {_seq_key(e.seq): e.to_json() for e in batch}
+                        self._tail = self._patch(tail, {"data": entries})
+                except (ApiException, urllib3.exceptions.HTTPError, OSError) as err:
+                    kind = _classify(err)
+                    if kind is err:
+                        raise
+                    failures += 1
+                    self._tail = None
+                    if isinstance(kind, _Conflict):
+                        self._count_conflict()
+                    elif isinstance(kind, _Gone):
+                        self._hint = None
+                    elif isinstance(kind, _Ambiguous) and batch:
+                        unsure.append((index, batch))
+                    self._backoff(failures)
+                    continue
+                unsure.clear()
+                written.extend(batch)
+                pending = pending[len(batch) :]
+                failures = 0
+        return written
+
+    def _find_landed(self, unsure: list[tuple[int, list[Event]]], tail: _Chunk | None) -> list[Event] | None:
+        """The batch among `unsure` that is in the log after all, if any."""
+        for index, batch in unsure:
+            if tail is not None and tail.index == index:
+                chunk: _Chunk | None = tail
+            elif tail is not None and index < tail.index:
+                chunk = self._get(index)  # sealed: its contents are final
+            else:
+                continue  # a create that has not happened (yet): creating it again will tell
+            found = chunk.event(batch[0].seq) if chunk is not None else None
+            if found is not None and found.id == batch[0].id:
+                return batch
+        return None
+
+    def _seal(self, tail: _Chunk) -> None:
+        # A conditional write: an append racing us against the same resourceVersion
+        # conflicts, so nothing lands in this chunk after the seal.
+        self._tail = self._patch(tail, {"metadata": {"annotations": {SEALED_ANNOTATION: "true"}}})
+
+    def _count_conflict(self) -> None:
+        with self._lock:
+            self.conflicts += 1
+
+    @staticmethod
+    def _backoff(attempt: int) -> None:
+        # Full jitter spreads the losers of a race so they do not collide again.
+        time.sleep(random.uniform(0, min(0.2, 0.002 * 2 ** min(attempt, 10))))
+
+    # -------------------------------------------------------------- reading
+
+    def _load_tail(self) -> _Chunk | None:
+        """The newest chunk, fresh from the API server; None when the log has none."""
+        for _ in range(3):
+            index = self._hint
+            if index is None:
+                metas = self._list_meta()
+                if not metas:
+                    return None
+                index = metas[-1].index
+            chunk = self._get(index)
+            if chunk is None:
+                self._hint = None
+                continue
+            while chunk.sealed:
+                nxt = self._get(chunk.index + 1)
+                if nxt is None:
+                    break  # sealed, next not yet created: the next write creates it
+                chunk = nxt
+            self._hint = chunk.index
+            return chunk
+        return None
+
+    def _collect(
+        self,
+        chunks: list[_Chunk],
+        present: set[int],
+        from_seq: int,
+        to_seq: int | None,
+        log_end: int | None,
+        partial: bool,
+    ) -> list[Event]:
+        if to_seq is None:
+            end = log_end if log_end is not None else (chunks[-1].last_seq if chunks else 0)
+        else:
+            end = to_seq
+            if log_end is not None and end > log_end:
+                raise SequenceOutOfRange(self.session, end, log_end)
+        events: list[Event] = []
+        gaps: list[tuple[int, int]] = []
+        expected = from_seq
+        for chunk in chunks:
+            lo, hi = max(from_seq, chunk.first_seq), min(end, chunk.last_seq)
+            if lo > hi:
+                continue
+            if lo > expected:
+                if chunk.index == 1 or chunk.index - 1 in present:
+                    raise MalformedChunk(
+                        chunk.name,
+                        None,
+                        f"starts at seq {chunk.first_seq} but the log before it ends at {expected - 1}",
+                    )
+                gaps.append((expected, lo - 1))
+            elif lo < expected:
+                raise MalformedChunk(chunk.name, _seq_key(lo), "overlaps the chunk before it")
+            for seq in range(lo, hi + 1):
+                event = chunk.event(seq)
+                if event is None:
+                    raise MalformedChunk(chunk.name, _seq_key(seq), "missing: the chunk has a gap")
+                events.append(event)
+            expected = hi + 1
+        if expected <= end:
+            gaps.append((expected, end))
+        if not partial:
+            self._raise_unavailable(events, gaps)
+        return events
+
+    def _raise_unavailable(self, events: list[Event], gaps: list[tuple[int, int]]) -> None:
+        problems: list[tuple[int, int, str]] = [(a, b, "retention") for a, b in gaps]
+        for i, event in enumerate(events):
+            if event.erased:
+                stop = i
+                while (
+                    stop + 1 < len(events) and events[stop + 1].erased and events[stop + 1].seq == events[stop].seq + 1
+                ):
+                    stop += 1
+                problems.append((event.seq, events[stop].seq, "erasure"))
+                break
+        if problems:
+            a, b, why = min(problems)
+            raise HistoryUnavailable(self.session, a, b, why)
+
+    # ------------------------------------------------------------ API calls
+
+    def _list_meta(self) -> list[_Meta]:
+        """Every chunk's index, name and first seq, by index: metadata only, one call."""
+        metas: list[_Meta] = []
+        token: str | None = None
+        while True:
+            resp = self.core.list_namespaced_config_map(
+                self.namespace,
+                label_selector=self._selector,
+                limit=500,
+                _continue=token,
+                _preload_content=False,
+                _headers={"Accept": _META_ACCEPT},
+                _request_timeout=self.request_timeout,
+            )
+            body = json.loads(resp.data)
+            for item in body.get("items") or []:
+                meta = item["metadata"]
+                match = self._name_re.fullmatch(meta["name"])
+                if match:
+                    metas.append(_Meta(int(match[1]), meta["name"], _first_seq(meta)))
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                break
+        metas.sort(key=lambda m: m.index)
+        return metas
+
+    def _list_chunks(self, wanted: set[int]) -> list[_Chunk]:
+        """The chunks with these indices (those that exist), by index, in paged lists."""
+        found: list[_Chunk] = []
+        token: str | None = None
+        page = max(1, (8 * 1024 * 1024) // self.max_chunk_bytes)
+        while True:
+            resp = self.core.list_namespaced_config_map(
+                self.namespace,
+                label_selector=self._selector,
+                limit=page,
+                _continue=token,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+            )
+            body = json.loads(resp.data)
+            for item in body.get("items") or []:
+                match = self._name_re.fullmatch(item["metadata"]["name"])
+                if match and int(match[1]) in wanted:
+                    found.append(_parse_chunk(item, int(match[1])))
+            token = (body.get("metadata") or {}).get("continue") or None
+            if not token:
+                break
+        found.sort(key=lambda c: c.index)
+        return found
+
+    def _get(self, index: int) -> _Chunk | None:
+        try:
+            resp = self.core.read_namespaced_config_map(
+                self.chunk_name(index),
+                self.namespace,
+                _preload_content=False,
+                _request_timeout=self.request_timeout,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return _parse_chunk(json.loads(resp.data), index)
+
+    def _create(self, index: int, first_seq: int, events: list[Event]) -> _Chunk:
+        metadata: dict[str, Any] = {
+            "name": self.chunk_name(index),
+            "namespace": self.namespace,
+            "labels": {SESSION_LABEL: _label_value(self.session), MANAGED_BY_LABEL: MANAGED_BY},
+            "annotations": {FIRST_SEQ_ANNOTATION: str(first_seq)},
+        }
+        if self.owner:
+            metadata["ownerReferences"] = [self.owner]
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {_seq_key(e.seq): e.to_json() for e in events},
+        }
+        resp = self.core.create_namespaced_config_map(
+            self.namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        return _parse_chunk(json.loads(resp.data), index)
+
+    def _patch(self, chunk: _Chunk, patch: dict[str, Any]) -> _Chunk:
+        # A merge patch carrying metadata.resourceVersion is applied only if the object
+        # still has that version (409 otherwise): the same optimistic concurrency as a
+        # replace, without sending the whole chunk back for each event.
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": chunk.resource_version}}
+        resp = self.core.patch_namespaced_config_map(
+            chunk.name,
+            self.namespace,
+            body,
+            _content_type=_MERGE_PATCH,
+            _preload_content=False,
+            _request_timeout=self.request_timeout,
+        )
+        return _parse_chunk(json.loads(resp.data), chunk.index)
+
+    def _delete_chunk(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(
+                name,
+                self.namespace,
+                _request_timeout=self.request_timeout,
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise

@@ -1,0 +1,134 @@
+"""Pure decisions for a Fork: resolve its source, name what it makes, merge overrides."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from savepoint.models import CheckpointPhase, ForkMode, ForkSpec, RestoreMode
+
+FORK_ANNOTATION = "savepoint.dev/fork"  # on a target Session: the uid of the Fork that made it
+RESTORING_ANNOTATION = "savepoint.dev/restoring"  # on a Session being rolled back: the Fork's name
+
+
+class ForkReason(StrEnum):
+    CHECKPOINT_EXPIRED = "CheckpointExpired"
+    SESSION_HISTORY_UNAVAILABLE = "SessionHistoryUnavailable"
+    CHECKPOINT_NOT_READY = "CheckpointNotReady"
+    CHECKPOINT_NOT_FOUND = "CheckpointNotFound"
+    SESSION_BUSY = "SessionBusy"
+    SESSION_NOT_READY = "SessionNotReady"
+    SESSION_NOT_FOUND = "SessionNotFound"
+    TARGET_EXISTS = "TargetExists"
+    EVENT_NOT_FOUND = "EventNotFound"
+
+
+class ForkError(Exception):
+    """A terminal failure of a Fork: `reason` is one of ForkReason."""
+
+    def __init__(self, reason: ForkReason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a Fork will do, once its source is resolved."""
+
+    mode: ForkMode
+    restore: RestoreMode
+    source_session: str
+    checkpoint: str | None  # the checkpoint whose snapshot is restored, if any
+    snapshot: str | None
+    through_sequence: int  # the log prefix copied (fork) or rolled back to (rollback)
+    through_event_id: str | None
+
+
+def check_checkpoint(name: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint, usable; otherwise the ForkError that says why not. Never downgrades."""
+    if body is None:
+        raise ForkError(ForkReason.CHECKPOINT_NOT_FOUND, f"checkpoint {name} not found")
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if phase == CheckpointPhase.EXPIRED:
+        raise ForkError(
+            ForkReason.CHECKPOINT_EXPIRED,
+            f"checkpoint {name} expired at {status.get('expiresAt')}; its snapshot is gone "
+            "(fork from the session's log with source.session and atEvent instead)",
+        )
+    if phase != CheckpointPhase.READY:
+        detail = f"{phase}: {status.get('reason')}" if status.get("reason") else (phase or "not yet admitted")
+        raise ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} is {detail}")
+    return body
+
+
+def plan_from_checkpoint(spec: ForkSpec, checkpoint: dict[str, Any]) -> Plan:
+    status = checkpoint["status"]
+    return Plan(
+        mode=spec.mode,
+        restore=RestoreMode.SNAPSHOT,
+        source_session=checkpoint["spec"]["sessionName"],
+        checkpoint=checkpoint["metadata"]["name"],
+        snapshot=status["volumeSnapshotName"],
+        through_sequence=int(status.get("throughSequence") or 0),
+        through_event_id=status.get("throughEventId"),
+    )
+
+
+def newest_live(checkpoints: list[dict[str, Any]]) -> dict[str, Any] | None:
+    ready = [c for c in checkpoints if (c.get("status") or {}).get("phase") == CheckpointPhase.READY]
+    return max(
+        ready, key=lambda c: (c["status"].get("throughSequence") or 0, c["status"].get("readyAt") or ""), default=None
+    )
+
+
+def target_claim_name(session: str, fork: str) -> str:
+    """The workspace claim a rollback swaps in: derived from the Fork so a retry finds it."""
+    digest = hashlib.sha256(fork.encode()).hexdigest()[:8]
+    return f"{session}-ws-{digest}"
+
+
+def merge(base: Any, override: Any) -> Any:
+    """Deep-merge override over base (JSON merge patch semantics: None deletes)."""
+    if not isinstance(base, dict) or not isinstance(override, dict):
+        return copy.deepcopy(override)
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge(merged.get(key), value)
+    return merged
+
+
+def build_target_session(
+    fork: dict[str, Any], source_session: dict[str, Any], plan: Plan, at_event: str | None
+) -> dict[str, Any]:
+    spec = ForkSpec.model_validate(fork["spec"])
+    base = copy.deepcopy(source_session.get("spec") or {})
+    base.pop("source", None)
+    base["operatingMode"] = "Running"
+    overrides = dict(spec.target.overrides) if spec.target else {}
+    overrides.pop("source", None)
+    target_spec = merge(base, overrides)
+    if plan.restore == RestoreMode.SNAPSHOT:
+        target_spec["source"] = {"checkpoint": plan.checkpoint}
+    else:
+        target_spec["source"] = {"session": plan.source_session}
+        if at_event:
+            target_spec["source"]["atEvent"] = at_event
+    meta = fork["metadata"]
+    return {
+        "apiVersion": "savepoint.dev/v1alpha1",
+        "kind": "Session",
+        "metadata": {
+            "name": spec.target.session_name if spec.target else None,
+            "namespace": meta["namespace"],
+            "annotations": {FORK_ANNOTATION: meta["uid"]},
+            "labels": {"savepoint.dev/parent-session": plan.source_session},
+        },
+        "spec": target_spec,
+    }

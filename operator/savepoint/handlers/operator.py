@@ -1,0 +1,39 @@
+"""Operator-wide start-up settings."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+
+from savepoint.config import load
+
+
+@kopf.on.startup()
+def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
+    config = load()
+    logging.getLogger().setLevel(config.log_level)
+    # Keep kopf's bookkeeping out of status, which is the API users read.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="savepoint.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="savepoint.dev", key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.execution.max_workers = 16
+    if config.webhook:
+        if not (config.webhook_cert and config.webhook_key):
+            raise kopf.PermanentError("SAVEPOINT_WEBHOOK needs SAVEPOINT_WEBHOOK_CERT and SAVEPOINT_WEBHOOK_KEY")
+        # The ValidatingWebhookConfiguration is deployment config (the Helm chart), not ours to manage.
+        settings.admission.server = kopf.WebhookServer(
+            addr=config.webhook_addr,
+            port=config.webhook_port,
+            certfile=config.webhook_cert,
+            pkeyfile=config.webhook_key,
+        )
+        settings.admission.managed = None
+    if config.peering:
+        settings.peering.name = config.peering
+        settings.peering.mandatory = True
+    else:
+        settings.peering.standalone = True

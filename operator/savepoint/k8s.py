@@ -1,0 +1,271 @@
+"""The only module that talks to the API server.
+
+Objects travel as plain dicts (the wire form). Writers are safe to repeat: create
+treats AlreadyExists as "it is there", delete treats NotFound as done.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from savepoint.models import GROUP, VERSION
+
+_lock = threading.Lock()
+
+
+@cache
+def api_client() -> client.ApiClient:
+    with _lock:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        return client.ApiClient()
+
+
+def core() -> client.CoreV1Api:
+    return client.CoreV1Api(api_client())
+
+
+def custom() -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api_client())
+
+
+def _raw(response: Any) -> dict:
+    return json.loads(response.data)
+
+
+def get_pod(namespace: str, name: str) -> dict | None:
+    try:
+        return _raw(core().read_namespaced_pod(name, namespace, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def get_pvc(namespace: str, name: str) -> dict | None:
+    try:
+        return _raw(core().read_namespaced_persistent_volume_claim(name, namespace, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def get_namespace(name: str) -> dict:
+    return _raw(core().read_namespace(name, _preload_content=False))
+
+
+def ensure_pod(body: dict) -> dict:
+    ns = body["metadata"]["namespace"]
+    try:
+        return _raw(core().create_namespaced_pod(ns, body, _preload_content=False))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    existing = get_pod(ns, body["metadata"]["name"])
+    return existing or body
+
+
+def ensure_pvc(body: dict) -> dict:
+    ns = body["metadata"]["namespace"]
+    try:
+        return _raw(core().create_namespaced_persistent_volume_claim(ns, body, _preload_content=False))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    existing = get_pvc(ns, body["metadata"]["name"])
+    return existing or body
+
+
+def delete_pod(namespace: str, name: str, uid: str | None = None) -> None:
+    options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid) if uid else None)
+    try:
+        core().delete_namespaced_pod(name, namespace, body=options)
+    except ApiException as err:
+        if err.status not in (404, 409):
+            raise
+
+
+def delete_pvc(namespace: str, name: str) -> None:
+    try:
+        core().delete_namespaced_persistent_volume_claim(name, namespace)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def annotate_pod(namespace: str, name: str, annotations: dict[str, str]) -> None:
+    try:
+        core().patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def get_custom(plural: str, namespace: str, name: str) -> dict | None:
+    try:
+        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def patch_status(plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """Merge-patch the status subresource; a vanished object is not an error."""
+    try:
+        custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, {"status": status})
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def list_custom(plural: str, namespace: str | None = None, label_selector: str = "") -> list[dict]:
+    if namespace:
+        result = custom().list_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, label_selector=label_selector
+        )
+    else:
+        result = custom().list_cluster_custom_object(GROUP, VERSION, plural, label_selector=label_selector)
+    return result.get("items", [])
+
+
+def patch_custom(plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict | None:
+    try:
+        return custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def create_custom(plural: str, namespace: str, body: dict[str, Any]) -> dict | None:
+    """Create; None when an object of that name already exists."""
+    try:
+        return custom().create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
+    except ApiException as err:
+        if err.status == 409:
+            return None
+        raise
+
+
+def delete_custom(plural: str, namespace: str, name: str) -> None:
+    try:
+        custom().delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+# --- CSI snapshots and storage ---------------------------------------------------------
+
+SNAPSHOT_GROUP, SNAPSHOT_VERSION = "snapshot.storage.k8s.io", "v1"
+
+
+def get_volume_snapshot(namespace: str, name: str) -> dict | None:
+    try:
+        return custom().get_namespaced_custom_object(
+            SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def ensure_volume_snapshot(body: dict) -> dict:
+    ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    try:
+        return custom().create_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, ns, "volumesnapshots", body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    return get_volume_snapshot(ns, name) or body
+
+
+def delete_volume_snapshot(namespace: str, name: str) -> bool:
+    """Ask for deletion; True once the snapshot is gone."""
+    try:
+        custom().delete_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name)
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return get_volume_snapshot(namespace, name) is None
+
+
+def list_volume_snapshot_classes() -> list[dict]:
+    """All VolumeSnapshotClasses; empty when the snapshot CRDs are not installed."""
+    try:
+        result = custom().list_cluster_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshotclasses")
+    except ApiException as err:
+        if err.status == 404:
+            return []
+        raise
+    return result.get("items", [])
+
+
+def csi_driver_of_claim(pvc: dict) -> str | None:
+    """The CSI driver behind a claim: its bound PV's driver, else its StorageClass provisioner."""
+    volume = (pvc.get("spec") or {}).get("volumeName")
+    if volume:
+        try:
+            pv = _raw(core().read_persistent_volume(volume, _preload_content=False))
+            driver = ((pv.get("spec") or {}).get("csi") or {}).get("driver")
+            if driver:
+                return driver
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    class_name = (pvc.get("spec") or {}).get("storageClassName")
+    if not class_name:
+        return None
+    try:
+        sc = _raw(client.StorageV1Api(api_client()).read_storage_class(class_name, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+    return sc.get("provisioner")
+
+
+# --- Kubernetes Events ----------------------------------------------------------------
+
+
+def post_event(body: dict, reason: str, message: str, warning: bool = False) -> None:
+    """A core/v1 Event on the object, readable in `kubectl describe`; never raises."""
+    meta = body["metadata"]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": body.get("apiVersion"),
+            "kind": body.get("kind"),
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": "savepoint"},
+        "firstTimestamp": now[:19] + "Z",
+        "lastTimestamp": now[:19] + "Z",
+        "count": 1,
+    }
+    try:
+        core().create_namespaced_event(meta["namespace"], event)
+    except Exception:  # an Event is a courtesy; losing one must not fail a reconcile
+        logging.getLogger(__name__).debug("could not post event %s on %s", reason, meta["name"], exc_info=True)

@@ -1,0 +1,291 @@
+"""The API of savepoint.dev/v1alpha1: one pydantic model per spec and status.
+
+These models are the single source of the CRDs (hack/update-crds renders them into
+crds/*.yaml) and of the operator's reading of objects. camelCase on the wire,
+snake_case in Python. Validation that the API server can do lives here as schema
+constraints and CEL rules (`x-kubernetes-validations`), so `kubectl apply` is refused
+before anything is stored.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "savepoint.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Go-style durations with positive units only ("30d", "1h30m", "90s"); a sign is refused.
+DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w))+$"
+# Session names leave room for derived names such as "<session>-log-000001".
+MAX_SESSION_NAME = 48
+
+
+def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    if reason:
+        entry["reason"] = reason
+    return entry
+
+
+def validations(*rules: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(rules)}
+
+
+FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, unset fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+# --- shared ---------------------------------------------------------------------------
+
+
+class Condition(Model):
+    type: str
+    status: str = Field(json_schema_extra={"enum": ["True", "False", "Unknown"]})
+    reason: str = ""
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class Revisioned(Model):
+    name: str = Field(max_length=253)
+    revision: str = Field(default="", max_length=253)
+
+
+# --- Session --------------------------------------------------------------------------
+
+
+class OperatingMode(StrEnum):
+    RUNNING = "Running"
+    PAUSED = "Paused"
+
+
+class SessionPhase(StrEnum):
+    PROVISIONING = "Provisioning"
+    READY = "Ready"
+    RUNNING = "Running"
+    AWAITING_APPROVAL = "AwaitingApproval"
+    PAUSED = "Paused"
+    ENDED = "Ended"
+    FAILED = "Failed"
+
+
+class WorkspaceSpec(Model):
+    size: str = Field(default="1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+    storage_class_name: str | None = Field(default=None, max_length=253)
+    volume_snapshot_class_name: str | None = Field(default=None, max_length=253)
+    mount_path: str = Field(default="/workspace", pattern=r"^/.*", max_length=4096)
+    reclaim_on_pause: bool = False
+
+
+class CheckpointPolicy(Model):
+    ttl: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+    after_each_run: bool = False
+    keep_last: int | None = Field(default=None, ge=1, le=1000)
+
+
+class SessionSource(Model):
+    """Where a forked session came from: `{checkpoint}` | `{session, atEvent}` | `{session}`."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel("has(self.checkpoint) != has(self.session)", "exactly one of checkpoint or session must be set"),
+            cel("!has(self.atEvent) || has(self.session)", "atEvent needs session", field_path=".atEvent"),
+        )
+    )
+
+    checkpoint: str | None = Field(default=None, max_length=253)
+    session: str | None = Field(default=None, max_length=253)
+    at_event: str | None = Field(default=None, max_length=64)
+
+
+class SessionSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "has(self.source) == has(oldSelf.source) && (!has(self.source) || self.source == oldSelf.source)",
+                "source is immutable",
+                field_path=".source",
+            )
+        )
+    )
+
+    pod_template: dict[str, Any] = Field(default_factory=dict, json_schema_extra=FREE_FORM)
+    workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
+    harness: Revisioned | None = None
+    profile: Revisioned | None = None
+    operating_mode: OperatingMode = OperatingMode.RUNNING
+    checkpoint_policy: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    source: SessionSource | None = None
+
+
+class EventLogStatus(Model):
+    last_sequence: int = 0
+    last_event_id: str = ""
+    chunks: int = 0
+
+
+class RestoreMode(StrEnum):
+    SNAPSHOT = "snapshot"
+    EVENT_LOG_REBUILD = "event_log_rebuild"
+    FRESH = "fresh"
+
+
+class RestoreStatus(Model):
+    mode: RestoreMode
+    reason: str | None = None
+    checkpoint: str | None = None
+    through_sequence: int | None = None
+
+
+class UsageStatus(Model):
+    boot_ms: int | None = None
+    restore_ms: int | None = None
+    snapshot_ms: int | None = None
+    runs: int = 0
+
+
+class SessionStatus(Model):
+    observed_generation: int | None = None
+    phase: SessionPhase | None = None
+    pod_name: str | None = None
+    workspace_claim_name: str | None = None
+    event_log: EventLogStatus | None = None
+    restore: RestoreStatus | None = None
+    latest_checkpoint: str | None = None
+    parent_session: str | None = None
+    forked_from_checkpoint: str | None = None
+    # Set while a paused session's workspace lives only in this checkpoint (reclaimOnPause).
+    reclaimed_checkpoint: str | None = None
+    usage: UsageStatus | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+# --- Checkpoint -----------------------------------------------------------------------
+
+
+class CheckpointPhase(StrEnum):
+    PENDING = "Pending"
+    READY = "Ready"
+    REJECTED = "Rejected"
+    FAILED = "Failed"
+    EXPIRED = "Expired"
+
+
+class ResumeKind(StrEnum):
+    SNAPSHOT = "snapshot"
+    EVENT_LOG = "event_log"
+
+
+class CheckpointSpec(Model):
+    session_name: str = Field(
+        min_length=1,
+        max_length=253,
+        json_schema_extra=validations(cel("self == oldSelf", "sessionName is immutable")),
+    )
+    label: str | None = Field(default=None, max_length=256)
+    ttl: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
+
+
+class CheckpointResume(Model):
+    kind: ResumeKind
+
+
+class CheckpointStatus(Model):
+    observed_generation: int | None = None
+    phase: CheckpointPhase | None = None
+    reason: str | None = None
+    message: str | None = None
+    through_sequence: int | None = None
+    through_event_id: str | None = None
+    harness_revision: str | None = None
+    profile_revision: str | None = None
+    volume_snapshot_name: str | None = None
+    restore_size: str | None = None
+    resume: CheckpointResume | None = None
+    created_at: str | None = None
+    ready_at: str | None = None
+    expires_at: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+
+
+# --- Fork -----------------------------------------------------------------------------
+
+
+class ForkMode(StrEnum):
+    FORK = "Fork"
+    ROLLBACK = "Rollback"
+
+
+class ForkPhase(StrEnum):
+    PENDING = "Pending"
+    RESTORING = "Restoring"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ForkSource(SessionSource):
+    pass
+
+
+class ForkTarget(Model):
+    session_name: str | None = Field(default=None, min_length=1, max_length=MAX_SESSION_NAME)
+    overrides: dict[str, Any] = Field(default_factory=dict, json_schema_extra=FREE_FORM)
+
+
+class ForkSpec(Model):
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel("self.source == oldSelf.source", "source is immutable", field_path=".source"),
+            cel("self.mode == oldSelf.mode", "mode is immutable", field_path=".mode"),
+            cel(
+                "has(self.target) == has(oldSelf.target) && (!has(self.target) || self.target == oldSelf.target)",
+                "target is immutable",
+                field_path=".target",
+            ),
+            cel(
+                "self.mode != 'Rollback' || has(self.source.checkpoint)",
+                "a Rollback needs source.checkpoint",
+                field_path=".source",
+            ),
+            cel(
+                "self.mode != 'Fork' || (has(self.target) && has(self.target.sessionName))",
+                "a Fork needs target.sessionName",
+                field_path=".target",
+            ),
+        )
+    )
+
+    source: ForkSource
+    mode: ForkMode = ForkMode.FORK
+    target: ForkTarget | None = None
+
+
+class ForkStatus(Model):
+    observed_generation: int | None = None
+    phase: ForkPhase | None = None
+    reason: str | None = None
+    message: str | None = None
+    target_session: str | None = None
+    restore_mode: RestoreMode | None = None
+    started_at: str | None = None
+    completed_at: str | None = None
+    restore_ms: int | None = None
+    # The resolved source (checkpoint, snapshot, cursor), pinned on the first pass.
+    plan: dict[str, Any] | None = Field(default=None, json_schema_extra=FREE_FORM)
+    conditions: list[Condition] = Field(default_factory=list)

@@ -1,0 +1,217 @@
+"""Pure decisions for a Session: observed objects in, desired objects and status out.
+
+Nothing here talks to the API server; handlers/session.py gathers what it observes,
+calls these functions, and writes the results through savepoint.k8s.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from savepoint.conditions import ConditionType, Reason, set_condition
+from savepoint.models import API_VERSION, OperatingMode, SessionPhase, SessionSpec
+
+SESSION_LABEL = "savepoint.dev/session"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "savepoint"}
+WORKSPACE_VOLUME = "workspace"
+# Set by the operator on the Pod it creates: milliseconds since the epoch, by its own clock.
+POD_CREATED_MS = "savepoint.dev/created-ms"
+POD_BOOT_MS = "savepoint.dev/boot-ms"
+
+
+def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", "Session"),
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def pod_name(session: str) -> str:
+    return session
+
+
+def claim_name(session: str) -> str:
+    return f"{session}-workspace"
+
+
+def build_pvc(body: dict[str, Any], spec: SessionSpec, name: str, data_source: dict | None = None) -> dict:
+    ws = spec.workspace
+    claim: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": name,
+            "namespace": body["metadata"]["namespace"],
+            "labels": {SESSION_LABEL: body["metadata"]["name"], **MANAGED_BY},
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": ws.size}},
+        },
+    }
+    if ws.storage_class_name:
+        claim["spec"]["storageClassName"] = ws.storage_class_name
+    if data_source:
+        claim["spec"]["dataSource"] = data_source
+    return claim
+
+
+class PodTemplateError(ValueError):
+    """The Session's podTemplate cannot make a Pod; the message names the field."""
+
+
+def build_pod(body: dict[str, Any], spec: SessionSpec, claim: str, created_ms: int) -> dict:
+    """The sandbox Pod: the user's template plus the workspace volume, labels and owner."""
+    session = body["metadata"]["name"]
+    template = copy.deepcopy(spec.pod_template)
+    meta = template.get("metadata") or {}
+    pod_spec = template.get("spec")
+    if not isinstance(pod_spec, dict) or not pod_spec.get("containers"):
+        raise PodTemplateError("spec.podTemplate.spec.containers: at least one container is required")
+    volumes = [v for v in pod_spec.get("volumes", []) if v.get("name") != WORKSPACE_VOLUME]
+    volumes.append({"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
+    pod_spec["volumes"] = volumes
+    env = [
+        {"name": "SAVEPOINT_SESSION", "value": session},
+        {"name": "SAVEPOINT_NAMESPACE", "value": body["metadata"]["namespace"]},
+        {"name": "SAVEPOINT_WORKSPACE", "value": spec.workspace.mount_path},
+    ]
+    for i, container in enumerate(pod_spec["containers"]):
+        if not isinstance(container, dict) or not container.get("name"):
+            raise PodTemplateError(f"spec.podTemplate.spec.containers[{i}].name: required")
+        mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != WORKSPACE_VOLUME]
+        mounts.append({"name": WORKSPACE_VOLUME, "mountPath": spec.workspace.mount_path})
+        container["volumeMounts"] = mounts
+        names = {e.get("name") for e in env}
+        container["env"] = env + [e for e in container.get("env", []) if e.get("name") not in names]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(session),
+            "namespace": body["metadata"]["namespace"],
+            "labels": {**(meta.get("labels") or {}), SESSION_LABEL: session, **MANAGED_BY},
+            "annotations": {**(meta.get("annotations") or {}), POD_CREATED_MS: str(created_ms)},
+            "ownerReferences": [owner_reference(body)],
+        },
+        "spec": pod_spec,
+    }
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the Session handler saw in the cluster on this pass."""
+
+    pod: dict | None
+    pvc: dict | None
+    log_cursor: tuple[int, str] | None  # None when the log could not be read
+    log_chunks: int
+    log_error: str | None
+    run_in_flight: bool
+    approval_pending: bool
+    runs: int
+    last_run_completed: int = 0  # seq of the newest run.completed in the effective history
+
+
+def pod_phase(pod: dict | None) -> str | None:
+    if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
+        return None
+    return (pod.get("status") or {}).get("phase")
+
+
+def pvc_bound(pvc: dict | None) -> bool:
+    return bool(pvc) and (pvc.get("status") or {}).get("phase") == "Bound"
+
+
+def derive_phase(spec: SessionSpec, seen: Observed) -> tuple[SessionPhase, str, str]:
+    """(phase, reason, message) from spec and observation; the first match wins."""
+    phase = pod_phase(seen.pod)
+    if phase == "Failed":
+        return SessionPhase.FAILED, Reason.POD_FAILED, "the sandbox Pod failed"
+    if phase == "Succeeded":
+        return SessionPhase.ENDED, Reason.POD_SUCCEEDED, "the sandbox Pod exited"
+    if spec.operating_mode == OperatingMode.PAUSED:
+        if seen.pod is None:
+            return SessionPhase.PAUSED, Reason.PAUSED, "paused: the Pod is deleted, the workspace kept"
+        return SessionPhase.PROVISIONING, Reason.PAUSED, "pausing: waiting for the Pod to go"
+    if not pvc_bound(seen.pvc):
+        return SessionPhase.PROVISIONING, Reason.WORKSPACE_PENDING, "waiting for the workspace volume to bind"
+    if phase != "Running":
+        return SessionPhase.PROVISIONING, Reason.POD_PENDING, f"waiting for the Pod (phase {phase or 'absent'})"
+    if seen.log_cursor is None:
+        return SessionPhase.PROVISIONING, Reason.LOG_UNAVAILABLE, seen.log_error or "event log not readable"
+    if seen.approval_pending:
+        return SessionPhase.AWAITING_APPROVAL, Reason.APPROVAL_PENDING, "an approval request has no answer"
+    if seen.run_in_flight:
+        return SessionPhase.RUNNING, Reason.RUN_IN_FLIGHT, "a run is in flight"
+    return SessionPhase.READY, Reason.IDLE, "ready"
+
+
+def build_status(
+    body: dict[str, Any], spec: SessionSpec, seen: Observed, claim: str, now: str | None = None
+) -> dict[str, Any]:
+    """The Session's whole status (except fields other controllers own) from one observation."""
+    old = body.get("status") or {}
+    generation = body["metadata"].get("generation")
+    phase, reason, message = derive_phase(spec, seen)
+    conditions = list(old.get("conditions") or [])
+    conditions = set_condition(
+        conditions,
+        ConditionType.WORKSPACE_BOUND,
+        pvc_bound(seen.pvc),
+        Reason.WORKSPACE_BOUND if pvc_bound(seen.pvc) else Reason.WORKSPACE_PENDING,
+        f"PersistentVolumeClaim {claim}",
+        generation,
+        now,
+    )
+    running = pod_phase(seen.pod) == "Running"
+    conditions = set_condition(
+        conditions,
+        ConditionType.POD_RUNNING,
+        running,
+        Reason.POD_RUNNING
+        if running
+        else (Reason.PAUSED if spec.operating_mode == OperatingMode.PAUSED else Reason.POD_PENDING),
+        f"Pod {pod_name(body['metadata']['name'])} phase {pod_phase(seen.pod) or 'absent'}",
+        generation,
+        now,
+    )
+    conditions = set_condition(
+        conditions,
+        ConditionType.EVENT_LOG_READABLE,
+        seen.log_error is None,
+        Reason.LOG_READABLE if seen.log_error is None else Reason.LOG_MALFORMED,
+        seen.log_error or "event log readable",
+        generation,
+        now,
+    )
+    ready = phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
+    conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, generation, now)
+
+    usage = dict(old.get("usage") or {})
+    usage["runs"] = seen.runs
+    boot = ((seen.pod or {}).get("metadata", {}).get("annotations") or {}).get(POD_BOOT_MS)
+    if boot is not None:
+        usage["bootMs"] = int(boot)
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": phase.value,
+        "podName": pod_name(body["metadata"]["name"]) if seen.pod else None,
+        "workspaceClaimName": claim,
+        "usage": usage,
+        "conditions": conditions,
+    }
+    if seen.log_cursor is not None:
+        status["eventLog"] = {
+            "lastSequence": seen.log_cursor[0],
+            "lastEventId": seen.log_cursor[1],
+            "chunks": seen.log_chunks,
+        }
+    return status

@@ -1,0 +1,229 @@
+"""Shared fixtures: a real cluster for the whole run, a fresh namespace per test.
+
+The cluster is the one named by SAVEPOINT_TEST_KUBECONFIG when that is set (any real
+cluster, for example kind); otherwise the local control plane from hack/cluster is
+started in its own run folder and stopped at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_RUN_DIR = REPO / ".run" / "test-cluster"
+# Contexts we are willing to create and delete things in.
+TEST_CONTEXT = re.compile(os.environ.get("SAVEPOINT_TEST_CONTEXT_PATTERN", r"^(savepoint-local|kind-.*|.*test.*)$"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in item.path.parts or "e2e" in item.path.parts:
+            item.add_marker(pytest.mark.cluster)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> Iterator[str]:
+    given = os.environ.get("SAVEPOINT_TEST_KUBECONFIG")
+    if given:
+        os.environ["KUBECONFIG"] = given  # for code under test that loads the default config
+        yield given
+        return
+    env = {**os.environ, "SAVEPOINT_RUN_DIR": str(TEST_RUN_DIR)}
+    up = subprocess.run([str(REPO / "hack" / "cluster"), "up"], env=env, capture_output=True, text=True)
+    if up.returncode != 0:
+        pytest.fail(f"could not start the local control plane:\n{up.stderr}", pytrace=False)
+    os.environ["KUBECONFIG"] = str(TEST_RUN_DIR / "kubeconfig")
+    try:
+        yield str(TEST_RUN_DIR / "kubeconfig")
+    finally:
+        if os.environ.get("SAVEPOINT_TEST_KEEP_CLUSTER") != "1":
+            subprocess.run([str(REPO / "hack" / "cluster"), "down"], env=env, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def api(kubeconfig: str) -> client.ApiClient:
+    _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    if not TEST_CONTEXT.match(active["name"]):
+        pytest.exit(
+            f"refusing to run cluster tests against context {active['name']!r}: it does not look like a "
+            "test cluster (set SAVEPOINT_TEST_CONTEXT_PATTERN to allow it)",
+            returncode=3,
+        )
+    return config.new_client_from_config(config_file=kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def core(api: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace with its default ServiceAccount in place; deleted afterwards."""
+    base = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    name = unique(f"t-{base}")
+    core.create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={"savepoint.dev/test": "true"}))
+    )
+    wait_for(lambda: _has_default_sa(core, name), timeout=30, what=f"default ServiceAccount in {name}")
+    yield name
+    core.delete_namespace(name, propagation_policy="Background")
+
+
+def _has_default_sa(core: client.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespaced_service_account("default", namespace)
+        return True
+    except client.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = "condition"):
+    """Poll until predicate() is truthy and return its value; fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}", pytrace=False)
+        time.sleep(interval)
+
+
+CRD_DIR = REPO / "crds"
+
+
+@pytest.fixture(scope="session")
+def crds(api: client.ApiClient) -> client.CustomObjectsApi:
+    """Savepoint's CRDs, installed from crds/ (what hack/update-crds generated)."""
+    import yaml
+
+    ext = client.ApiextensionsV1Api(api)
+    names = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        names.append(body["metadata"]["name"])
+        try:
+            ext.create_custom_resource_definition(body)
+        except client.ApiException as err:
+            if err.status != 409:
+                raise
+            current = ext.read_custom_resource_definition(body["metadata"]["name"])
+            body["metadata"]["resourceVersion"] = current.metadata.resource_version
+            ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+
+    def established(name: str) -> bool:
+        crd = ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    for name in names:
+        wait_for(lambda n=name: established(n), what=f"CRD {name} established")
+    return client.CustomObjectsApi(api)
+
+
+@pytest.fixture(scope="session")
+def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subprocess.Popen]:
+    """The operator itself (`python -m savepoint`), running for the whole test run."""
+    import sys
+
+    log_path = REPO / ".run" / "operator-test.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    webhook = _webhook_certificate(REPO / ".run" / "webhook-test")
+    env = {
+        "SAVEPOINT_WEBHOOK": "true",
+        "SAVEPOINT_WEBHOOK_ADDR": "127.0.0.1",
+        "SAVEPOINT_WEBHOOK_PORT": str(webhook["port"]),
+        "SAVEPOINT_WEBHOOK_CERT": str(webhook["cert"]),
+        "SAVEPOINT_WEBHOOK_KEY": str(webhook["key"]),
+        **os.environ,
+        "KUBECONFIG": kubeconfig,
+        "PYTHONPATH": str(REPO / "operator"),
+        "SAVEPOINT_METRICS_PORT": "0",
+        "SAVEPOINT_RESYNC_SECONDS": "10",
+        "SAVEPOINT_LOG_LEVEL": "DEBUG",
+    }
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "savepoint"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    proc.webhook = webhook  # type: ignore[attr-defined]
+    time.sleep(1)
+    if proc.poll() is not None:
+        pytest.fail(f"the operator exited at start; see {log_path}", pytrace=False)
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _webhook_certificate(folder: Path) -> dict:
+    """A self-signed serving certificate for the operator's webhook on 127.0.0.1."""
+    import socket
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return {"cert": cert, "key": key, "port": port}
+
+
+WEBHOOK_LABEL = "savepoint.dev/webhook-test"
+
+
+@pytest.fixture(scope="session")
+def webhook(api: client.ApiClient, operator: subprocess.Popen) -> Iterator[str]:
+    """Route Checkpoint creates in namespaces labelled WEBHOOK_LABEL=true to the operator's webhook."""
+    import base64
+
+    info = operator.webhook  # type: ignore[attr-defined]
+    reg = client.AdmissionregistrationV1Api(api)
+    name = "savepoint-test-webhook"
+    body = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "checkpoints.savepoint.dev",
+            "clientConfig": {
+                "url": f"https://127.0.0.1:{info['port']}/checkpoint-admission",
+                "caBundle": base64.b64encode(info["cert"].read_bytes()).decode(),
+            },
+            "rules": [{"apiGroups": ["savepoint.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"],
+                       "resources": ["checkpoints"]}],
+            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 10,
+        }],
+    }
+    try:
+        reg.create_validating_webhook_configuration(body)
+    except client.ApiException as err:
+        if err.status != 409:
+            raise
+        reg.delete_validating_webhook_configuration(name)
+        reg.create_validating_webhook_configuration(body)
+    yield WEBHOOK_LABEL
+    reg.delete_validating_webhook_configuration(name)

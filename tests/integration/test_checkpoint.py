@@ -1,0 +1,271 @@
+"""The Checkpoint controller end to end: real snapshots of real files, policy, expiry."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from savepoint.config import Settings
+from savepoint.controllers import checkpoint as controller
+from savepoint.eventlog import EventLog
+from savepoint.models import GROUP, VERSION
+from tests.conftest import wait_for
+from tests.csi_data import pvc_data_dir
+from tests.integration.test_session import make_session, wait_phase
+
+SNAP = ("snapshot.storage.k8s.io", "v1")
+
+
+def checksums(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def write_files(root: Path) -> None:
+    (root / "src").mkdir(exist_ok=True)
+    (root / "src" / "main.py").write_text("print('hello')\n")
+    (root / "notes.md").write_text("# plan\n")
+    (root / "blob.bin").write_bytes(os.urandom(1 << 20))
+
+
+def make_checkpoint(crds, namespace: str, name: str, session: str = "s1", **spec) -> dict:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Checkpoint",
+        "metadata": {"name": name},
+        "spec": {"sessionName": session, **spec},
+    }
+    return crds.create_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", body)
+
+
+def get_checkpoint(crds, namespace: str, name: str) -> dict | None:
+    try:
+        return crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def wait_checkpoint(crds, namespace: str, name: str, *phases: str, timeout: float = 90) -> dict:
+    def reached():
+        body = get_checkpoint(crds, namespace, name)
+        return body if body and (body.get("status") or {}).get("phase") in phases else None
+
+    return wait_for(reached, timeout=timeout, what=f"checkpoint {name} in {phases}")
+
+
+def get_snapshot(crds, namespace: str, name: str) -> dict | None:
+    try:
+        return crds.get_namespaced_custom_object(*SNAP, namespace, "volumesnapshots", name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+@pytest.fixture
+def s1(operator, crds, namespace):
+    make_session(crds, namespace, "s1", profile={"name": "p", "revision": "3"})
+    return wait_phase(crds, namespace, "s1", "Ready", timeout=90)
+
+
+def restore_into(core, namespace: str, snapshot: str, claim: str) -> Path:
+    core.create_namespaced_persistent_volume_claim(
+        namespace,
+        {
+            "metadata": {"name": claim},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "64Mi"}},
+                "dataSource": {"apiGroup": SNAP[0], "kind": "VolumeSnapshot", "name": snapshot},
+            },
+        },
+    )
+    wait_for(
+        lambda: core.read_namespaced_persistent_volume_claim(claim, namespace).status.phase == "Bound",
+        timeout=60,
+        what=f"restored claim {claim} bound",
+    )
+    return pvc_data_dir(core, namespace, claim)
+
+
+def test_checkpoint_snapshots_the_workspace_at_the_log_cursor(s1, core, crds, namespace):
+    workspace = pvc_data_dir(core, namespace, s1["status"]["workspaceClaimName"])
+    write_files(workspace)
+    before = checksums(workspace)
+    log = EventLog(core, namespace, "s1")
+    log.append("run.started", {"runId": "r1"})
+    last = log.append("run.completed", {"runId": "r1"})
+    wait_phase(crds, namespace, "s1", "Ready")
+
+    make_checkpoint(crds, namespace, "c1", label="first")
+    body = wait_checkpoint(crds, namespace, "c1", "Ready", "Failed", "Rejected")
+    status = body["status"]
+    assert status["phase"] == "Ready", status
+    assert status["throughSequence"] == last.seq and status["throughEventId"] == last.id
+    assert status["harnessRevision"] == "7" and status["profileRevision"] == "3"
+    assert status["resume"] == {"kind": "snapshot"}
+    created, expires = (datetime.strptime(status[k], "%Y-%m-%dT%H:%M:%SZ") for k in ("createdAt", "expiresAt"))
+    assert expires - created == timedelta(days=30)
+    assert int(status["restoreSize"]) > 0
+    assert not any(k in str(status) for k in ("print('hello')", "runId"))  # secret-free metadata
+
+    # The log records the checkpoint and the session points at it.
+    events = log.read()
+    assert events[-1].type == "checkpoint.created" and events[-1].data["checkpoint"] == "c1"
+    wait_for(
+        lambda: crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"].get(
+            "latestCheckpoint"
+        )
+        == "c1",
+        what="session latestCheckpoint",
+    )
+
+    # Change the workspace; the snapshot still holds the checkpoint's files.
+    (workspace / "notes.md").write_text("changed\n")
+    (workspace / "src" / "main.py").unlink()
+    restored = restore_into(core, namespace, status["volumeSnapshotName"], "restored")
+    assert checksums(restored) == before
+
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=c1").items
+    assert {"Accepted", "Ready"} <= {e.reason for e in events}
+
+
+def test_finalizer_deletes_the_snapshot_with_the_checkpoint(s1, crds, namespace):
+    make_checkpoint(crds, namespace, "c1")
+    body = wait_checkpoint(crds, namespace, "c1", "Ready")
+    vs = body["status"]["volumeSnapshotName"]
+    assert get_snapshot(crds, namespace, vs) is not None
+    crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "c1")
+    wait_for(lambda: get_checkpoint(crds, namespace, "c1") is None, timeout=60, what="checkpoint deleted")
+    assert get_snapshot(crds, namespace, vs) is None
+
+
+def test_expiry_deletes_the_snapshot_and_keeps_the_object(s1, crds, namespace):
+    make_checkpoint(crds, namespace, "short", ttl="3s")
+    body = wait_checkpoint(crds, namespace, "short", "Ready", "Expired")
+    vs = body["status"]["volumeSnapshotName"]
+    body = wait_checkpoint(crds, namespace, "short", "Expired", timeout=60)
+    assert body["status"]["resume"] == {"kind": "event_log"}
+    wait_for(lambda: get_snapshot(crds, namespace, vs) is None, timeout=60, what="expired snapshot deleted")
+
+
+def test_namespace_cap_shortens_the_ttl(s1, core, crds, namespace):
+    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/checkpoint-ttl": "1h"}}})
+    make_checkpoint(crds, namespace, "capped", ttl="2h")
+    status = wait_checkpoint(crds, namespace, "capped", "Ready", "Pending")["status"]
+    created, expires = (datetime.strptime(status[k], "%Y-%m-%dT%H:%M:%SZ") for k in ("createdAt", "expiresAt"))
+    assert expires - created == timedelta(hours=1)
+
+
+def _rejected(crds, namespace, name) -> dict:
+    return wait_checkpoint(crds, namespace, name, "Rejected", "Ready", "Failed")["status"]
+
+
+def test_rejections_say_why(s1, core, crds, namespace):
+    make_checkpoint(crds, namespace, "nosession", session="ghost")
+    status = _rejected(crds, namespace, "nosession")
+    assert (status["phase"], status["reason"]) == ("Rejected", "SessionNotFound")
+    assert "ghost" in status["message"]
+
+    log = EventLog(core, namespace, "s1")
+    log.append("run.started", {"runId": "r9"})
+    make_checkpoint(crds, namespace, "busy")
+    status = _rejected(crds, namespace, "busy")
+    assert (status["phase"], status["reason"]) == ("Rejected", "SessionBusy")
+    assert "run in flight" in status["message"]
+    log.append("run.completed", {"runId": "r9"})
+    assert get_snapshot(crds, namespace, "sp-busy") is None
+
+
+def test_session_not_ready_and_snapshots_unsupported(operator, crds, namespace):
+    # No toleration for the kwok taint: the Pod never schedules, the session stays Provisioning.
+    make_session(crds, namespace, "stuck", podTemplate={"spec": {"containers": [{"name": "a", "image": "x"}]}})
+    make_checkpoint(crds, namespace, "early", session="stuck")
+    status = _rejected(crds, namespace, "early")
+    assert status["reason"] == "SessionNotReady"
+
+    make_session(crds, namespace, "noclass", workspace={"size": "64Mi", "volumeSnapshotClassName": "missing"})
+    wait_phase(crds, namespace, "noclass", "Ready", timeout=90)
+    make_checkpoint(crds, namespace, "unsupported", session="noclass")
+    status = _rejected(crds, namespace, "unsupported")
+    assert status["reason"] == "SnapshotsUnsupported"
+
+
+def test_zero_data_retention_and_quota(s1, core, crds, namespace):
+    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/max-checkpoints": "1"}}})
+    make_checkpoint(crds, namespace, "one")
+    assert wait_checkpoint(crds, namespace, "one", "Ready")["status"]["phase"] == "Ready"
+    make_checkpoint(crds, namespace, "two")
+    status = _rejected(crds, namespace, "two")
+    assert status["reason"] == "QuotaExceeded" and "max-checkpoints=1" in status["message"]
+
+    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/zero-data-retention": "true"}}})
+    make_checkpoint(crds, namespace, "zdr")
+    status = _rejected(crds, namespace, "zdr")
+    assert status["reason"] == "ZeroDataRetention"
+    assert get_snapshot(crds, namespace, "sp-zdr") is None
+
+
+def test_automatic_checkpoints_keep_last(operator, core, crds, namespace):
+    make_session(crds, namespace, "auto", checkpointPolicy={"afterEachRun": True, "keepLast": 2})
+    wait_phase(crds, namespace, "auto", "Ready", timeout=90)
+    make_checkpoint(crds, namespace, "mine", session="auto", label="keep me")
+    wait_checkpoint(crds, namespace, "mine", "Ready")
+    log = EventLog(core, namespace, "auto")
+    names = []
+    for i in range(3):
+        log.append("run.started", {"runId": f"r{i}"})
+        done = log.append("run.completed", {"runId": f"r{i}"})
+        names.append(controller.automatic_name("auto", done.seq))
+        wait_checkpoint(crds, namespace, names[-1], "Ready", "Rejected")
+
+    def pruned():
+        left = {c["metadata"]["name"] for c in crds.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "checkpoints")["items"] if not c["metadata"].get("deletionTimestamp")}
+        return left if left == {"mine", *names[1:]} else None
+
+    wait_for(pruned, timeout=60, what="the oldest automatic checkpoint pruned")
+
+
+def test_sweep_expires_overdue_checkpoints_found_at_start(s1, crds, namespace):
+    """What the operator does at start-up: one sweep expires everything already overdue."""
+    make_checkpoint(crds, namespace, "overdue")
+    wait_checkpoint(crds, namespace, "overdue", "Ready")
+    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crds.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "checkpoints", "overdue", {"status": {"expiresAt": past}}
+    )
+    controller.sweep(Settings(namespaces=(namespace,)))
+    body = wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)
+    assert body["status"]["reason"] == "TTLExpired"
+
+
+def test_deleting_the_session_deletes_its_checkpoints(s1, crds, namespace):
+    make_checkpoint(crds, namespace, "c1")
+    vs = wait_checkpoint(crds, namespace, "c1", "Ready")["status"]["volumeSnapshotName"]
+    crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")
+    wait_for(lambda: get_checkpoint(crds, namespace, "c1") is None, timeout=90, what="checkpoint collected")
+    wait_for(lambda: get_snapshot(crds, namespace, vs) is None, timeout=60, what="snapshot deleted")
+
+
+def test_webhook_answers_kubectl_apply_synchronously(webhook, s1, core, crds, namespace):
+    core.patch_namespace(namespace, {"metadata": {"labels": {webhook: "true"}}})
+    EventLog(core, namespace, "s1").append("run.started", {"runId": "r1"})
+    with pytest.raises(client.ApiException) as caught:
+        make_checkpoint(crds, namespace, "refused")
+    assert caught.value.status == 409
+    assert "SessionBusy: session s1 has a run in flight" in caught.value.body
+    assert get_checkpoint(crds, namespace, "refused") is None  # nothing stored
+    with pytest.raises(client.ApiException) as caught:
+        make_checkpoint(crds, namespace, "ghost", session="ghost")
+    assert "SessionNotFound" in caught.value.body
