@@ -20,3 +20,6 @@ unit: venv
 
 lint: venv
 	hack/lint
+
+demo:
+	hack/demo

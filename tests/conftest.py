@@ -148,8 +148,7 @@ def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subproc
         "SAVEPOINT_WEBHOOK": "true",
         "SAVEPOINT_WEBHOOK_ADDR": "127.0.0.1",
         "SAVEPOINT_WEBHOOK_PORT": str(webhook["port"]),
-        "SAVEPOINT_WEBHOOK_CERT": str(webhook["cert"]),
-        "SAVEPOINT_WEBHOOK_KEY": str(webhook["key"]),
+        "SAVEPOINT_WEBHOOK_CERT_DIR": str(webhook["cert"].parent),
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "PYTHONPATH": str(REPO / "operator"),
@@ -178,9 +177,26 @@ def _webhook_certificate(folder: Path) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "tls.crt", folder / "tls.key"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -203,20 +219,28 @@ def webhook(api: client.ApiClient, operator: subprocess.Popen) -> Iterator[str]:
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": name},
-        "webhooks": [{
-            "name": "checkpoints.savepoint.dev",
-            "clientConfig": {
-                "url": f"https://127.0.0.1:{info['port']}/checkpoint-admission",
-                "caBundle": base64.b64encode(info["cert"].read_bytes()).decode(),
-            },
-            "rules": [{"apiGroups": ["savepoint.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE"],
-                       "resources": ["checkpoints"]}],
-            "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 10,
-        }],
+        "webhooks": [
+            {
+                "name": "checkpoints.savepoint.dev",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{info['port']}/validate-checkpoints",
+                    "caBundle": base64.b64encode(info["cert"].read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["savepoint.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE"],
+                        "resources": ["checkpoints"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            }
+        ],
     }
     try:
         reg.create_validating_webhook_configuration(body)

@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -104,16 +105,19 @@ func serveHealth(addr string) {
 	log.Fatal(http.ListenAndServe(addr, mux))
 }
 
-// logCalls logs every RPC and its error: the driver's log is the first place to look
-// when a PVC stays Pending or a VolumeSnapshot never becomes ready.
+// logCalls logs every RPC with its duration and error: the driver's log is the first
+// place to look when a PVC stays Pending or a VolumeSnapshot never becomes ready, and
+// the durations split a slow snapshot or restore into driver time and the rest.
 func logCalls(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+	start := time.Now()
 	resp, err := next(ctx, req)
+	took := time.Since(start).Round(time.Millisecond)
 	method := info.FullMethod[strings.LastIndex(info.FullMethod, "/")+1:]
 	switch {
 	case err != nil:
-		log.Printf("%s: error: %v", method, err)
+		log.Printf("%s: error after %s: %v", method, took, err)
 	case method != "Probe": // the sidecars probe often; keep the log readable
-		log.Printf("%s: ok", method)
+		log.Printf("%s: ok in %s", method, took)
 	}
 	return resp, err
 }

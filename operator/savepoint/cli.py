@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from savepoint.errors import SavepointError
 from savepoint.models import GROUP, VERSION
@@ -84,8 +84,12 @@ def build_checkpoint(
 
 
 def build_fork(
-    *, target: str, checkpoint: str | None = None, session: str | None = None,
-    at_event: str | None = None, key: str | None = None,
+    *,
+    target: str,
+    checkpoint: str | None = None,
+    session: str | None = None,
+    at_event: str | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """A Fork into a new session `target`, from a checkpoint, or from a session's log."""
     if (checkpoint is None) == (session is None):
@@ -274,8 +278,9 @@ def checkpoint_rows(
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Left-aligned columns three spaces apart, like `kubectl get`."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
-    lines = ["   ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in [headers, *rows]]
+    lines = [
+        "   ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [headers, *rows]
+    ]
     return "\n".join(lines)
 
 
@@ -320,22 +325,26 @@ class Cluster:
         self.custom = client.CustomObjectsApi(api)
 
     def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, body)
+        created = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, body)
+        return cast(dict[str, Any], created)
 
     def get(self, plural: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
+            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
         except ApiException as err:
             if err.status == 404:
                 return None
             raise
+        return cast(dict[str, Any], found)
 
     def list(self, plural: str, all_namespaces: bool = False) -> list[dict[str, Any]]:
         if all_namespaces:
-            return self.custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
-        return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)["items"]
+            found = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
+        else:
+            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)
+        return cast(list[dict[str, Any]], cast(dict[str, Any], found)["items"])
 
     def event_log(self, session: str) -> Any:
         from savepoint.eventlog import EventLog
@@ -380,14 +389,20 @@ def create_once(cluster: Cluster, plural: str, body: dict[str, Any], out: TextIO
 
 
 def finish(
-    cluster: Cluster, plural: str, obj: dict[str, Any], args: argparse.Namespace,
-    outcome: Callable[[dict[str, Any]], Outcome | None], out: TextIO,
+    cluster: Cluster,
+    plural: str,
+    obj: dict[str, Any],
+    args: argparse.Namespace,
+    outcome: Callable[[dict[str, Any]], Outcome | None],
+    out: TextIO,
 ) -> int:
     if not args.wait:
         return EXIT_OK
     name = obj["metadata"]["name"]
     result = wait(
-        lambda: cluster.get(plural, name), outcome, timeout=args.timeout,
+        lambda: cluster.get(plural, name),
+        outcome,
+        timeout=args.timeout,
         say=lambda line: print(line, file=out, flush=True),
     )
     if result.ok:
@@ -508,7 +523,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     parser = argparse.ArgumentParser(
-        prog="kubectl savepoint", parents=[common],
+        prog="kubectl savepoint",
+        parents=[common],
         description="Checkpoint, fork, roll back and read Savepoint sessions.",
         epilog="Exit codes: 0 done, 1 failed (reason printed), 2 usage, 124 timed out waiting.",
     )
@@ -527,7 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(run=cmd_checkpoint_list)
 
     fork = commands.add_parser(
-        "fork", parents=[common, waiting], help="start a new session from a checkpoint or a point in a log",
+        "fork",
+        parents=[common, waiting],
+        help="start a new session from a checkpoint or a point in a log",
         description="fork CHECKPOINT --name NEW: disk and conversation from the checkpoint. "
         "fork SESSION --at-event ID --name NEW: the conversation up to that event, with a fresh disk. "
         "fork SESSION --latest --name NEW: from the session's newest live checkpoint.",
@@ -555,7 +573,9 @@ def build_parser() -> argparse.ArgumentParser:
     tail.set_defaults(run=cmd_log_tail)
 
     erase = commands.add_parser(
-        "erase", parents=[common], help="tombstone every event of a subject (irreversible)",
+        "erase",
+        parents=[common],
+        help="tombstone every event of a subject (irreversible)",
         description="Replace the data of every event with this subject by a tombstone. A rebuild or "
         "fork that needs those events then fails with SessionHistoryUnavailable.",
     )

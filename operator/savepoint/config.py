@@ -46,9 +46,8 @@ class Settings:
     webhook_port: int = field(default_factory=lambda: int(_env("WEBHOOK_PORT", "9443")))
     # Address the webhook server listens on.
     webhook_addr: str = field(default_factory=lambda: _env("WEBHOOK_ADDR", "0.0.0.0"))
-    # PEM certificate and key the webhook serves (a Secret mounted by the chart).
-    webhook_cert: str = field(default_factory=lambda: _env("WEBHOOK_CERT", ""))
-    webhook_key: str = field(default_factory=lambda: _env("WEBHOOK_KEY", ""))
+    # Folder holding the webhook's tls.crt and tls.key (a kubernetes.io/tls Secret, mounted).
+    webhook_cert_dir: str = field(default_factory=lambda: _env("WEBHOOK_CERT_DIR", "/etc/savepoint/webhook-tls"))
     # Interval of the expiry sweep over all checkpoints, in seconds.
     expiry_interval_seconds: float = field(default_factory=lambda: float(_env("EXPIRY_INTERVAL_SECONDS", "5")))
     # Interval of the safety re-reconcile of every Session, in seconds.

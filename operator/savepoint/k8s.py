@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from datetime import UTC, datetime
 from functools import cache
@@ -27,7 +28,7 @@ def api_client() -> client.ApiClient:
         try:
             config.load_incluster_config()
         except config.ConfigException:
-            config.load_kube_config()
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         return client.ApiClient()
 
 

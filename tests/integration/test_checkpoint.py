@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from savepoint.checkpoint import parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
 from savepoint.eventlog import EventLog
@@ -116,17 +117,19 @@ def test_checkpoint_snapshots_the_workspace_at_the_log_cursor(s1, core, crds, na
     assert status["resume"] == {"kind": "snapshot"}
     created, expires = (datetime.strptime(status[k], "%Y-%m-%dT%H:%M:%SZ") for k in ("createdAt", "expiresAt"))
     assert expires - created == timedelta(days=30)
-    assert int(status["restoreSize"]) > 0
+    assert parse_quantity(status["restoreSize"]) > 0
     assert not any(k in str(status) for k in ("print('hello')", "runId"))  # secret-free metadata
 
     # The log records the checkpoint and the session points at it.
     events = log.read()
     assert events[-1].type == "checkpoint.created" and events[-1].data["checkpoint"] == "c1"
     wait_for(
-        lambda: crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"].get(
-            "latestCheckpoint"
-        )
-        == "c1",
+        lambda: (
+            crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"].get(
+                "latestCheckpoint"
+            )
+            == "c1"
+        ),
         what="session latestCheckpoint",
     )
 
@@ -230,8 +233,11 @@ def test_automatic_checkpoints_keep_last(operator, core, crds, namespace):
         wait_checkpoint(crds, namespace, names[-1], "Ready", "Rejected")
 
     def pruned():
-        left = {c["metadata"]["name"] for c in crds.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, "checkpoints")["items"] if not c["metadata"].get("deletionTimestamp")}
+        left = {
+            c["metadata"]["name"]
+            for c in crds.list_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints")["items"]
+            if not c["metadata"].get("deletionTimestamp")
+        }
         return left if left == {"mine", *names[1:]} else None
 
     wait_for(pruned, timeout=60, what="the oldest automatic checkpoint pruned")

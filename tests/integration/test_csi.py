@@ -27,7 +27,7 @@ def snapshots(api: client.ApiClient, core: client.CoreV1Api) -> client.CustomObj
     if not any(c.provisioner == HOSTPATH_DRIVER for c in classes):
         message = (
             f"no StorageClass for {HOSTPATH_DRIVER}: the CSI stack is not running "
-            "(hack/csi-up starts it next to hack/cluster)"
+            "(hack/cluster up starts it; see docs/csi.md)"
         )
         if os.environ.get("SAVEPOINT_TEST_KUBECONFIG"):
             pytest.skip(message)  # a foreign cluster: these tests need our driver's files

@@ -90,6 +90,9 @@ def test_rollover_keeps_chunks_small_and_the_log_whole(core, namespace):
 
     assert log.read() == events
     assert EventLog(core, namespace, "s1").read(15, 45) == events[14:45]
+    paged = EventLog(core, namespace, "s1")
+    paged._page = 2  # several list pages, fetched ahead while parsing
+    assert paged.read() == events
     assert log.cursor() == Cursor(60, events[-1].id)
 
 

@@ -185,8 +185,11 @@ def test_resume_restores_a_reclaimed_workspace(operator, core, crds, namespace):
     _pause(crds, namespace, "r1", "Paused")
     checkpoint = _reclaimed(crds, namespace, "r1")
     wait_for(
-        lambda: old_claim not in {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(namespace).items},
-        timeout=60, what="the paused session's claim deleted",
+        lambda: (
+            old_claim not in {c.metadata.name for c in core.list_namespaced_persistent_volume_claim(namespace).items}
+        ),
+        timeout=60,
+        what="the paused session's claim deleted",
     )
     _pause(crds, namespace, "r1", "Running")
     body = wait_phase(crds, namespace, "r1", "Ready", timeout=90)

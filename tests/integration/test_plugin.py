@@ -98,8 +98,10 @@ def test_rollback_refuses_another_sessions_checkpoint(kubeconfig, crds, namespac
     assert "CheckpointNotFound" in missing.stderr
 
 
+# The log tests write a log with no Session object, so no operator appends to it meanwhile.
+
+
 def test_log_tail_prints_appended_events(kubeconfig, core, crds, namespace):
-    make_session(crds, namespace, "s1")
     log = EventLog(core, namespace, "s1")
     log.append("user.message", {"text": "first"})
     log.append("user.message", {"text": "second"})
@@ -136,7 +138,6 @@ def test_log_tail_of_a_missing_session(kubeconfig, crds, namespace):
 
 
 def test_erase_tombstones_a_subject(kubeconfig, core, crds, namespace):
-    make_session(crds, namespace, "s1")
     log = EventLog(core, namespace, "s1")
     log.append("user.message", {"text": "my address"}, subject="user-1")
     log.append("agent.message", {"text": "noted"})

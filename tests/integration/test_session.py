@@ -18,6 +18,10 @@ KWOK_POD = {
 }
 
 
+def workspace_claim(pod: client.V1Pod) -> str:
+    return next(v.persistent_volume_claim.claim_name for v in pod.spec.volumes if v.name == "workspace")
+
+
 def make_session(crds, namespace: str, name: str, **spec) -> dict:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -60,7 +64,7 @@ def test_session_gets_workspace_pod_and_log(ready_session, core: client.CoreV1Ap
     for obj in (pod, pvc, chunk):
         assert [r.uid for r in obj.metadata.owner_references] == [uid]
     assert pod.status.phase == "Running"
-    assert pod.spec.volumes[-1].persistent_volume_claim.claim_name == pvc.metadata.name
+    assert workspace_claim(pod) == pvc.metadata.name
     assert pvc.status.phase == "Bound"
     assert status["restore"] == {"mode": "fresh"}
     assert status["eventLog"]["lastSequence"] == 0
@@ -103,7 +107,7 @@ def test_pause_keeps_workspace_and_resume_reuses_it(ready_session, core, crds, n
     )
     wait_phase(crds, namespace, "s1", "Ready")
     pod = core.read_namespaced_pod("s1", namespace)
-    assert pod.spec.volumes[-1].persistent_volume_claim.claim_name == claim
+    assert workspace_claim(pod) == claim
     assert core.read_namespaced_persistent_volume_claim(claim, namespace).metadata.uid == pvc_uid
 
 

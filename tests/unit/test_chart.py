@@ -37,14 +37,21 @@ def helm(tmp_path_factory) -> list[str]:
     path = _helm_path()
     if not os.access(path, os.X_OK):
         pytest.fail(f"helm {_helm_version()} is not built at {path}: run `hack/build-binaries helm`", pytrace=False)
-    home = tmp_path_factory.mktemp("helm-home")
-    for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME"):
-        os.environ[var] = str(home / var.lower())
     return [str(path)]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _helm_home(tmp_path_factory) -> None:
+    # helm keeps caches and repository config under these; none of it belongs in $HOME.
+    home = tmp_path_factory.mktemp("helm-home")
+    HELM_ENV.update({var: str(home / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")})
+
+
+HELM_ENV: dict[str, str] = {}
+
+
 def run(helm: list[str], *args: str, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([*helm, *args], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run([*helm, *args], capture_output=True, text=True, cwd=REPO, env={**os.environ, **HELM_ENV})
     if ok and done.returncode != 0:
         pytest.fail(f"helm {' '.join(args)} failed:\n{done.stderr}", pytrace=False)
     return done

@@ -331,3 +331,19 @@ def test_lost_replies_neither_lose_nor_repeat_events():
     random.seed(7)
     events = _hammer(FlakyCore(), writers=4, per_writer=40)
     assert len({e.id for e in events}) == 160
+
+
+def test_small_events_roll_over_early_and_a_big_one_gets_a_chunk_of_its_own():
+    core = FakeCore()
+    elog = EventLog(core, "ns", "s", max_chunk_bytes=8192, rollover_bytes=2048)
+    small = [elog.append("note", {"pad": "p" * 200}) for _ in range(20)]
+    big = elog.append("note", {"pad": "b" * 6000})
+    after = elog.append("note", {"pad": "p" * 200})
+    assert elog.read() == [*small, big, after]
+    used = {name: sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
+            for name, cm in core.objects.items()}
+    holding = {name: sorted(cm["data"]) for name, cm in core.objects.items()}
+    [big_chunk] = [name for name, keys in holding.items() if f"{big.seq:012d}" in keys]
+    assert holding[big_chunk] == [f"{big.seq:012d}"] and 6000 < used[big_chunk] <= 8192
+    assert all(size <= 2048 for name, size in used.items() if name != big_chunk)
+    assert len(core.objects) >= 4

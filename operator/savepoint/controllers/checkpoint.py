@@ -96,7 +96,7 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
             # The status can lag the log by a moment; the log decides whether a run is in flight.
             try:
-                summary = summarize(effective_history(event_log(session).read()))
+                summary = summarize(effective_history(event_log(session).read(partial=True)))
                 if summary["approval_pending"]:
                     phase = SessionPhase.AWAITING_APPROVAL
                 elif summary["run_in_flight"]:

@@ -106,7 +106,16 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
     """Turn the Fork's source into a Plan, or raise the ForkError that explains why not."""
     pinned = (body.get("status") or {}).get("plan")
     if pinned:  # resolved on an earlier pass: do not re-resolve against a moving log
-        return Plan(**{**pinned, "mode": ForkMode(pinned["mode"]), "restore": RestoreMode(pinned["restore"])})
+        # A merge patch drops null fields, so read each one with its default.
+        return Plan(
+            mode=ForkMode(pinned["mode"]),
+            restore=RestoreMode(pinned["restore"]),
+            source_session=pinned["source_session"],
+            checkpoint=pinned.get("checkpoint"),
+            snapshot=pinned.get("snapshot"),
+            through_sequence=int(pinned.get("through_sequence") or 0),
+            through_event_id=pinned.get("through_event_id"),
+        )
     source = spec.source
     if source.checkpoint:
         ckpt = check_checkpoint(source.checkpoint, k8s.get_custom("checkpoints", namespace, source.checkpoint))
@@ -311,7 +320,7 @@ def _check_idle(session: dict) -> None:
     from savepoint.eventlog import effective_history, summarize
 
     try:
-        summary = summarize(effective_history(event_log(session).read()))
+        summary = summarize(effective_history(event_log(session).read(partial=True)))
     except EventLogError:
         return
     name = session["metadata"]["name"]

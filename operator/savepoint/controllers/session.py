@@ -135,6 +135,10 @@ def _reconcile(body: dict[str, Any]) -> None:
     if template_error:
         _override_ready(status, meta, "Failed", "InvalidPodTemplate", template_error)
     status.update(extra)
+    if annotations.get(RESTORING_ANNOTATION):
+        # The rollback owns the claim swap: never write back a claim name read before it.
+        status.pop("workspaceClaimName", None)
+        status.pop("restore", None)
     _commit(body, status)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
@@ -331,7 +335,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
 
 def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
     try:
-        events = elog.read()
+        events = elog.read(partial=True)
         history = effective_history(events)
         summary = summarize(history)
         last = events[-1] if events else None

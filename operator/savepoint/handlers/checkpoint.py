@@ -42,7 +42,7 @@ def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], **_: objec
 
 if settings.webhook:
 
-    @kopf.on.validate(*CHECKPOINTS, id="checkpoint-admission", operations=["CREATE"])
+    @kopf.on.validate(*CHECKPOINTS, id="validate-checkpoints", operations=["CREATE"])
     def checkpoint_admission(namespace: str, name: str, spec: kopf.Spec, dryrun: bool, **_: object) -> None:
         """The status path's checks, answered at `kubectl apply` time (DESIGN 2)."""
         rejection = checkpoint.check(namespace, name, CheckpointSpec.model_validate(dict(spec)), settings)

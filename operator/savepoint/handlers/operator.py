@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import kopf
 
@@ -22,14 +23,15 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 16
     if config.webhook:
-        if not (config.webhook_cert and config.webhook_key):
-            raise kopf.PermanentError("SAVEPOINT_WEBHOOK needs SAVEPOINT_WEBHOOK_CERT and SAVEPOINT_WEBHOOK_KEY")
+        cert, key = Path(config.webhook_cert_dir) / "tls.crt", Path(config.webhook_cert_dir) / "tls.key"
+        if not (cert.is_file() and key.is_file()):
+            raise kopf.PermanentError(f"SAVEPOINT_WEBHOOK needs {cert} and {key} (SAVEPOINT_WEBHOOK_CERT_DIR)")
         # The ValidatingWebhookConfiguration is deployment config (the Helm chart), not ours to manage.
         settings.admission.server = kopf.WebhookServer(
             addr=config.webhook_addr,
             port=config.webhook_port,
-            certfile=config.webhook_cert,
-            pkeyfile=config.webhook_key,
+            certfile=str(cert),
+            pkeyfile=str(key),
         )
         settings.admission.managed = None
     if config.peering:
