@@ -144,6 +144,7 @@ def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subproc
     log_path = REPO / ".run" / "operator-test.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     webhook = _webhook_certificate(REPO / ".run" / "webhook-test")
+    metrics_port = _free_port()
     env = {
         "SAVEPOINT_WEBHOOK": "true",
         "SAVEPOINT_WEBHOOK_ADDR": "127.0.0.1",
@@ -152,13 +153,14 @@ def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subproc
         **os.environ,
         "KUBECONFIG": kubeconfig,
         "PYTHONPATH": str(REPO / "operator"),
-        "SAVEPOINT_METRICS_PORT": "0",
+        "SAVEPOINT_METRICS_PORT": str(metrics_port),
         "SAVEPOINT_RESYNC_SECONDS": "10",
         "SAVEPOINT_LOG_LEVEL": "DEBUG",
     }
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "savepoint"], env=env, stdout=out, stderr=subprocess.STDOUT)
     proc.webhook = webhook  # type: ignore[attr-defined]
+    proc.metrics_url = f"http://127.0.0.1:{metrics_port}"  # type: ignore[attr-defined]
     time.sleep(1)
     if proc.poll() is not None:
         pytest.fail(f"the operator exited at start; see {log_path}", pytrace=False)
@@ -172,8 +174,6 @@ def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subproc
 
 def _webhook_certificate(folder: Path) -> dict:
     """A self-signed serving certificate for the operator's webhook on 127.0.0.1."""
-    import socket
-
     folder.mkdir(parents=True, exist_ok=True)
     cert, key = folder / "tls.crt", folder / "tls.key"
     subprocess.run(
@@ -198,10 +198,15 @@ def _webhook_certificate(folder: Path) -> dict:
         check=True,
         capture_output=True,
     )
+    return {"cert": cert, "key": key, "port": _free_port()}
+
+
+def _free_port() -> int:
+    import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return {"cert": cert, "key": key, "port": port}
+        return sock.getsockname()[1]
 
 
 WEBHOOK_LABEL = "savepoint.dev/webhook-test"

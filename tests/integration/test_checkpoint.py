@@ -275,3 +275,33 @@ def test_webhook_answers_kubectl_apply_synchronously(webhook, s1, core, crds, na
     with pytest.raises(client.ApiException) as caught:
         make_checkpoint(crds, namespace, "ghost", session="ghost")
     assert "SessionNotFound" in caught.value.body
+
+
+def _scrape(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}}") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_transitions(operator, s1, crds, namespace):
+    assert _scrape(f"{operator.metrics_url}/healthz").strip() == "ok"
+    before = _scrape(f"{operator.metrics_url}/metrics")
+    make_checkpoint(crds, namespace, "counted")
+    wait_checkpoint(crds, namespace, "counted", "Ready")
+    make_checkpoint(crds, namespace, "refused", session="ghost")
+    wait_checkpoint(crds, namespace, "refused", "Rejected")
+    after = _scrape(f"{operator.metrics_url}/metrics")
+    name = "savepoint_checkpoint_transitions_total"
+    assert _sample(after, name, phase="Ready", reason="") == _sample(before, name, phase="Ready", reason="") + 1
+    rejected = dict(phase="Rejected", reason="SessionNotFound")
+    assert _sample(after, name, **rejected) == _sample(before, name, **rejected) + 1
+    assert _sample(after, "savepoint_checkpoint_duration_seconds_count") >= 1
