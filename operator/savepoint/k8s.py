@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+import time
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -17,9 +18,58 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from savepoint import metrics
+from savepoint.config import load
 from savepoint.models import GROUP, VERSION
 
 _lock = threading.Lock()
+
+
+class RateLimiter:
+    """A token bucket shared by every request this process makes through api_client().
+
+    The same idea as client-go's QPS/Burst: a storm of work (thousands of checkpoints
+    expiring at once) queues here instead of flooding the API server.
+    """
+
+    def __init__(self, qps: float, burst: int) -> None:
+        self.qps, self.burst = qps, max(1, burst)
+        self._tokens = float(self.burst)
+        self._stamp = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self) -> float:
+        """Wait for a token; the seconds waited."""
+        if self.qps <= 0:
+            return 0.0
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.qps)
+            self._stamp = now
+            self._tokens -= 1
+            wait = -self._tokens / self.qps if self._tokens < 0 else 0.0
+        if wait:
+            time.sleep(wait)
+        return wait
+
+
+def _instrument(api: client.ApiClient, limiter: RateLimiter) -> None:
+    """Count and rate-limit every request of this client (typed and raw calls alike)."""
+    send = api.request
+
+    def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        waited = limiter.take()
+        if waited:
+            metrics.api_throttle_seconds.inc(waited)
+        try:
+            response = send(method, url, *args, **kwargs)
+        except ApiException as err:
+            metrics.api_requests.labels(method, str(err.status)).inc()
+            raise
+        metrics.api_requests.labels(method, str(getattr(response, "status", 200))).inc()
+        return response
+
+    api.request = request  # type: ignore[method-assign]
 
 
 @cache
@@ -29,7 +79,10 @@ def api_client() -> client.ApiClient:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        return client.ApiClient()
+        settings = load()
+        api = client.ApiClient()
+        _instrument(api, RateLimiter(settings.api_qps, settings.api_burst))
+        return api
 
 
 def core() -> client.CoreV1Api:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -20,7 +20,15 @@ fork_transitions = Counter("savepoint_fork_transitions_total", "Forks reaching a
 expiries = Counter("savepoint_checkpoint_expiries_total", "Checkpoints expired by the TTL controller")
 log_appends = Counter("savepoint_eventlog_appends_total", "Events the operator appended to session logs", ["type"])
 log_conflicts = Counter("savepoint_eventlog_conflicts_total", "Lost optimistic-concurrency races on log chunks")
+api_requests = Counter(
+    "savepoint_api_requests_total", "Requests the operator's Kubernetes client sent", ["verb", "code"]
+)
+api_throttle_seconds = Counter(
+    "savepoint_api_throttle_seconds_total", "Time requests waited for the client-side rate limiter"
+)
 reconcile_errors = Counter("savepoint_reconcile_errors_total", "Reconcile passes that raised", ["kind"])
+reconciles = Counter("savepoint_reconciles_total", "Reconcile passes started", ["kind"])
+reconciles_in_flight = Gauge("savepoint_reconciles_in_flight", "Reconcile passes running now", ["kind"])
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -51,15 +59,18 @@ def serve(port: int, addr: str = "0.0.0.0") -> ThreadingHTTPServer | None:
 
 
 class count_errors:  # noqa: N801 (used as a context manager, reads like a function)
-    """`with count_errors("session"): ...` counts a reconcile pass that raised, and re-raises."""
+    """`with count_errors("session"): ...` counts a reconcile pass (and one that raised, re-raising)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
     def __enter__(self) -> None:
+        reconciles.labels(self.kind).inc()
+        reconciles_in_flight.labels(self.kind).inc()
         return None
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        reconciles_in_flight.labels(self.kind).dec()
         if exc_type is not None:
             reconcile_errors.labels(self.kind).inc()
         return False
