@@ -136,40 +136,80 @@ def crds(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-@pytest.fixture(scope="session")
-def operator(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[subprocess.Popen]:
-    """The operator itself (`python -m savepoint`), running for the whole test run."""
-    import sys
+class OperatorProcess:
+    """`python -m savepoint` as a child process that a test can stop, kill and start again."""
 
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env = env
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, **extra_env: str) -> None:
+        import sys
+
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "savepoint"], env={**self.env, **extra_env}, stdout=out, stderr=subprocess.STDOUT
+            )
+        time.sleep(1)
+        if self.proc.poll() is not None:
+            pytest.fail(f"the operator exited at start; see {self.log_path}", pytrace=False)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def wait_exit(self, timeout: float, what: str) -> int:
+        """Wait for the process to die by itself (a failpoint) and return its exit code."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the operator did not exit at {what} within {timeout}s", pytrace=False)
+
+    def ensure_running(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+
+
+@pytest.fixture(scope="session")
+def operator_process(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[OperatorProcess]:
     log_path = REPO / ".run" / "operator-test.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     webhook = _webhook_certificate(REPO / ".run" / "webhook-test")
     metrics_port = _free_port()
     env = {
+        **os.environ,
         "SAVEPOINT_WEBHOOK": "true",
         "SAVEPOINT_WEBHOOK_ADDR": "127.0.0.1",
         "SAVEPOINT_WEBHOOK_PORT": str(webhook["port"]),
         "SAVEPOINT_WEBHOOK_CERT_DIR": str(webhook["cert"].parent),
-        **os.environ,
         "KUBECONFIG": kubeconfig,
         "PYTHONPATH": str(REPO / "operator"),
         "SAVEPOINT_METRICS_PORT": str(metrics_port),
         "SAVEPOINT_RESYNC_SECONDS": "10",
+        "SAVEPOINT_EXPIRY_INTERVAL_SECONDS": "1",
         "SAVEPOINT_LOG_LEVEL": "DEBUG",
     }
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "savepoint"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    proc.webhook = webhook  # type: ignore[attr-defined]
-    proc.metrics_url = f"http://127.0.0.1:{metrics_port}"  # type: ignore[attr-defined]
-    time.sleep(1)
-    if proc.poll() is not None:
-        pytest.fail(f"the operator exited at start; see {log_path}", pytrace=False)
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    env.pop("SAVEPOINT_FAILPOINTS", None)
+    operator = OperatorProcess(env, log_path)
+    operator.webhook = webhook  # type: ignore[attr-defined]
+    operator.metrics_url = f"http://127.0.0.1:{metrics_port}"  # type: ignore[attr-defined]
+    operator.start()
+    yield operator
+    operator.stop()
+
+
+@pytest.fixture
+def operator(operator_process: OperatorProcess) -> OperatorProcess:
+    """The operator, running (restarted if an earlier test killed it)."""
+    operator_process.ensure_running()
+    return operator_process
 
 
 def _webhook_certificate(folder: Path) -> dict:
@@ -213,11 +253,11 @@ WEBHOOK_LABEL = "savepoint.dev/webhook-test"
 
 
 @pytest.fixture(scope="session")
-def webhook(api: client.ApiClient, operator: subprocess.Popen) -> Iterator[str]:
+def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterator[str]:
     """Route Checkpoint creates in namespaces labelled WEBHOOK_LABEL=true to the operator's webhook."""
     import base64
 
-    info = operator.webhook  # type: ignore[attr-defined]
+    info = operator_process.webhook  # type: ignore[attr-defined]
     reg = client.AdmissionregistrationV1Api(api)
     name = "savepoint-test-webhook"
     body = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -154,12 +155,63 @@ def test_finalizer_deletes_the_snapshot_with_the_checkpoint(s1, crds, namespace)
 
 
 def test_expiry_deletes_the_snapshot_and_keeps_the_object(s1, crds, namespace):
-    make_checkpoint(crds, namespace, "short", ttl="3s")
+    make_checkpoint(crds, namespace, "short", ttl="1s")
     body = wait_checkpoint(crds, namespace, "short", "Ready", "Expired")
     vs = body["status"]["volumeSnapshotName"]
+    snapshot = get_snapshot(crds, namespace, vs)
+    content = (snapshot or {}).get("status", {}).get("boundVolumeSnapshotContentName")
     body = wait_checkpoint(crds, namespace, "short", "Expired", timeout=60)
     assert body["status"]["resume"] == {"kind": "event_log"}
+    assert body["status"]["reason"] == "TTLExpired"
     wait_for(lambda: get_snapshot(crds, namespace, vs) is None, timeout=60, what="expired snapshot deleted")
+    if content:
+        wait_for(
+            lambda: get_content(crds, content) is None, timeout=60, what=f"VolumeSnapshotContent {content} deleted"
+        )
+
+
+def get_content(crds, name: str) -> dict | None:
+    try:
+        return crds.get_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def test_overdue_checkpoints_expire_when_the_operator_starts(s1, operator, crds, namespace):
+    make_checkpoint(crds, namespace, "while-down", ttl="5s")
+    body = wait_checkpoint(crds, namespace, "while-down", "Ready")
+    operator.stop()
+    try:
+        expires = datetime.strptime(body["status"]["expiresAt"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+        while datetime.now(UTC) < expires + timedelta(seconds=1):
+            time.sleep(0.5)
+        assert get_checkpoint(crds, namespace, "while-down")["status"]["phase"] == "Ready"
+    finally:
+        operator.start()
+    expired = wait_checkpoint(crds, namespace, "while-down", "Expired", timeout=30)
+    vs = expired["status"]["volumeSnapshotName"]
+    wait_for(lambda: get_snapshot(crds, namespace, vs) is None, timeout=30, what="snapshot deleted at start-up")
+
+
+def test_restart_after_snapshot_creation_makes_exactly_one_snapshot(s1, operator, crds, namespace):
+    operator.stop()
+    operator.start(SAVEPOINT_FAILPOINTS="checkpoint.after_snapshot_created")
+    make_checkpoint(crds, namespace, "crashy")
+    assert operator.wait_exit(60, "checkpoint.after_snapshot_created") == -9
+    assert get_checkpoint(crds, namespace, "crashy")["status"]["phase"] == "Pending"
+    operator.start()
+    body = wait_checkpoint(crds, namespace, "crashy", "Ready", "Failed")
+    assert body["status"]["phase"] == "Ready"
+    snapshots = crds.list_namespaced_custom_object(
+        *SNAP, namespace, "volumesnapshots", label_selector="savepoint.dev/checkpoint=crashy"
+    )["items"]
+    assert [s["metadata"]["name"] for s in snapshots] == [body["status"]["volumeSnapshotName"]]
+    created = [
+        e for e in EventLog(client.CoreV1Api(crds.api_client), namespace, "s1").read() if e.type == "checkpoint.created"
+    ]
+    assert len(created) == 1
 
 
 def test_namespace_cap_shortens_the_ttl(s1, core, crds, namespace):

@@ -119,7 +119,9 @@ def test_snapshot_and_restore_bring_back_the_files(
     assert checksums(data) != original
 
     create_pvc(
-        core, namespace, restored,
+        core,
+        namespace,
+        restored,
         dataSource={"apiGroup": SNAP_GROUP, "kind": "VolumeSnapshot", "name": snap},
     )
     wait_bound(core, namespace, restored)
@@ -127,8 +129,11 @@ def test_snapshot_and_restore_bring_back_the_files(
 
     snapshots.delete_namespaced_custom_object(SNAP_GROUP, SNAP_VERSION, namespace, "volumesnapshots", snap)
     wait_for(
-        lambda: gone(lambda: snapshots.get_cluster_custom_object(
-            SNAP_GROUP, SNAP_VERSION, "volumesnapshotcontents", content_name)),
+        lambda: gone(
+            lambda: snapshots.get_cluster_custom_object(
+                SNAP_GROUP, SNAP_VERSION, "volumesnapshotcontents", content_name
+            )
+        ),
         timeout=60,
         what=f"VolumeSnapshotContent {content_name} deleted",
     )
@@ -142,17 +147,30 @@ def test_snapshot_of_a_volume_whose_driver_does_not_exist_reports_an_error(
     missing_driver = "missing.csi.savepoint.dev"
     class_name, pv_name, pvc, snap = unique("missing-driver"), unique("pv-missing"), unique("orphan"), unique("snap")
     storage.create_storage_class(
-        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": class_name},
-         "provisioner": missing_driver, "volumeBindingMode": "Immediate"}
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": class_name},
+            "provisioner": missing_driver,
+            "volumeBindingMode": "Immediate",
+        }
     )
     # No provisioner exists for that driver, so the volume is pre-made by hand (Retain:
     # nothing could delete it) and the PVC binds to it.
     core.create_persistent_volume(
-        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-         "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
-                  "persistentVolumeReclaimPolicy": "Retain", "storageClassName": class_name,
-                  "csi": {"driver": missing_driver, "volumeHandle": "nowhere"},
-                  "claimRef": {"namespace": namespace, "name": pvc}}}
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv_name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class_name,
+                "csi": {"driver": missing_driver, "volumeHandle": "nowhere"},
+                "claimRef": {"namespace": namespace, "name": pvc},
+            },
+        }
     )
     try:
         create_pvc(core, namespace, pvc, storageClassName=class_name, volumeName=pv_name)

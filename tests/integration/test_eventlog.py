@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -23,18 +24,20 @@ SMALL = 4096  # bytes per chunk: a handful of events, so rollovers happen all th
 
 
 def chunks(core: client.CoreV1Api, namespace: str, session: str) -> list[client.V1ConfigMap]:
-    items = core.list_namespaced_config_map(
-        namespace, label_selector=f"savepoint.dev/session={session}"
-    ).items
+    items = core.list_namespaced_config_map(namespace, label_selector=f"savepoint.dev/session={session}").items
     return sorted(items, key=lambda cm: cm.metadata.name)
 
 
 def test_append_read_cursor_and_layout(core, namespace):
-    owner_cm = core.create_namespaced_config_map(
-        namespace, {"metadata": {"name": "owner"}, "data": {}}
-    )
-    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
-             "uid": owner_cm.metadata.uid, "controller": True, "blockOwnerDeletion": True}
+    owner_cm = core.create_namespaced_config_map(namespace, {"metadata": {"name": "owner"}, "data": {}})
+    owner = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner_cm.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
     log = EventLog(core, namespace, "s1", owner=owner)
     assert log.cursor() == Cursor(0, "")
     assert log.read() == []
@@ -58,8 +61,7 @@ def test_append_read_cursor_and_layout(core, namespace):
 
     [cm] = chunks(core, namespace, "s1")
     assert cm.metadata.name == "s1-log-000001"
-    assert cm.metadata.labels == {"savepoint.dev/session": "s1",
-                                  "app.kubernetes.io/managed-by": "savepoint"}
+    assert cm.metadata.labels == {"savepoint.dev/session": "s1", "app.kubernetes.io/managed-by": "savepoint"}
     assert cm.metadata.annotations["savepoint.dev/first-seq"] == "1"
     assert cm.metadata.owner_references[0].uid == owner_cm.metadata.uid
     assert cm.data["000000000002"] == b.to_json()
@@ -151,12 +153,12 @@ def _writer(kubeconfig, namespace, session, writer, count, start, results):
 
 
 def test_concurrent_writers_in_separate_processes(kubeconfig, core, namespace):
-    writers, per_writer = 4, 50
+    # The figure: 8 processes x 500 events (SAVEPOINT_LOG_RACE=WxN for a quicker run).
+    writers, per_writer = (int(n) for n in os.environ.get("SAVEPOINT_LOG_RACE", "8x500").split("x"))
     ctx = multiprocessing.get_context("spawn")
     start, results = ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_writer,
-                    args=(kubeconfig, namespace, "s1", w, per_writer, start, results))
+        ctx.Process(target=_writer, args=(kubeconfig, namespace, "s1", w, per_writer, start, results))
         for w in range(writers)
     ]
     for proc in procs:
@@ -165,7 +167,7 @@ def test_concurrent_writers_in_separate_processes(kubeconfig, core, namespace):
     began = time.monotonic()
     start.set()
     for proc in procs:
-        proc.join(timeout=300)
+        proc.join(timeout=1200)
         assert proc.exitcode == 0, f"writer process exited with {proc.exitcode}"
     elapsed = time.monotonic() - began
     stats = [results.get(timeout=5) for _ in procs]
@@ -181,8 +183,10 @@ def test_concurrent_writers_in_separate_processes(kubeconfig, core, namespace):
         assert [i for who, i in pairs if who == w] == list(range(per_writer))
     assert len(log.chunk_names()) > 10
     conflicts = sum(s[1] for s in stats)
-    print(f"\n{total} appends by {writers} processes in {elapsed:.2f}s "
-          f"({total / elapsed:.0f}/s), {conflicts} conflicts, {len(log.chunk_names())} chunks")
+    print(
+        f"\n{total} appends by {writers} processes in {elapsed:.2f}s "
+        f"({total / elapsed:.0f}/s), {conflicts} conflicts, {len(log.chunk_names())} chunks"
+    )
 
 
 def test_retention_deletes_old_chunks_and_reads_over_the_gap_fail(core, namespace):
@@ -199,8 +203,7 @@ def test_retention_deletes_old_chunks_and_reads_over_the_gap_fail(core, namespac
     assert log.chunk_names() == names_before[-1:]
     with pytest.raises(HistoryUnavailable) as err:
         log.read()
-    assert (err.value.reason, err.value.from_seq, err.value.to_seq) == (
-        "retention", 1, fresh_first.seq - 1)
+    assert (err.value.reason, err.value.from_seq, err.value.to_seq) == ("retention", 1, fresh_first.seq - 1)
     assert "retention" in str(err.value) and f"1..{fresh_first.seq - 1}" in str(err.value)
     with pytest.raises(HistoryUnavailable):
         log.read(2, fresh_first.seq)
@@ -215,8 +218,9 @@ def test_retention_deletes_old_chunks_and_reads_over_the_gap_fail(core, namespac
 def test_erase_tombstones_a_subject(core, namespace):
     log = EventLog(core, namespace, "s1", max_chunk_bytes=SMALL)
     for i in range(20):
-        log.append("user.message", {"text": f"secret {i}", "pad": "x" * 200},
-                   subject="alice" if i in (3, 4, 15) else "bob")
+        log.append(
+            "user.message", {"text": f"secret {i}", "pad": "x" * 200}, subject="alice" if i in (3, 4, 15) else "bob"
+        )
     assert log.erase("alice") == 3
     assert log.erase("alice") == 0
     with pytest.raises(HistoryUnavailable) as err:
@@ -253,9 +257,7 @@ def test_malformed_chunk_names_chunk_and_key_and_spares_other_sessions(core, nam
     for log in (bad, good):
         log.append("note", {"n": 1})
         log.append("note", {"n": 2})
-    core.patch_namespaced_config_map(
-        "s1-log-000001", namespace, {"data": {"000000000001": "{not json"}}
-    )
+    core.patch_namespaced_config_map("s1-log-000001", namespace, {"data": {"000000000001": "{not json"}})
     with pytest.raises(MalformedChunk) as err:
         bad.read()
     assert (err.value.chunk, err.value.key) == ("s1-log-000001", "000000000001")
@@ -274,8 +276,7 @@ def test_malformed_chunk_names_chunk_and_key_and_spares_other_sessions(core, nam
 
 def test_copy_to_copies_a_prefix_idempotently(core, namespace):
     src = EventLog(core, namespace, "src", max_chunk_bytes=SMALL)
-    events = [src.append("note", {"i": i, "pad": "z" * 250}, subject=f"s{i % 3}")
-              for i in range(40)]
+    events = [src.append("note", {"i": i, "pad": "z" * 250}, subject=f"s{i % 3}") for i in range(40)]
 
     dst = EventLog(core, namespace, "dst", max_chunk_bytes=8192)
     assert src.copy_to(dst, 25) == Cursor(25, events[24].id)
@@ -297,6 +298,7 @@ def test_copy_to_copies_a_prefix_idempotently(core, namespace):
             if len(writes) > 2:
                 raise RuntimeError("operator restarted")
             return real(*args)
+
         return wrapped
 
     part._patch, part._create = crash_after_two(real_patch), crash_after_two(real_create)

@@ -211,3 +211,34 @@ def test_resume_after_expiry_rebuilds_from_the_log(operator, core, crds, namespa
     assert body["status"]["restore"]["reason"] == "checkpoint_expired"
     events = EventLog(core, namespace, "r2").read()
     assert events[-1].type == "session.rebuilt" and "remember me" in [e.data.get("text") for e in events]
+
+
+def test_rollback_interrupted_after_the_new_claim_completes_exactly_once(checkpointed, operator, core, crds, namespace):
+    operator.stop()
+    operator.start(SAVEPOINT_FAILPOINTS="rollback.after_claim_created")
+    (checkpointed["workspace"] / "notes.md").write_text("changed\n")
+    make_fork(crds, namespace, "rb-crash", {"checkpoint": "c1"}, mode="Rollback")
+    assert operator.wait_exit(90, "rollback.after_claim_created") == -9
+    pods = core.list_namespaced_pod(namespace, label_selector="savepoint.dev/session=s1").items
+    assert all(p.metadata.deletion_timestamp for p in pods)  # the Pod is gone or going; no swap yet
+    operator.start()
+    fork = wait_fork(crds, namespace, "rb-crash")
+    assert fork["status"]["phase"] == "Succeeded", fork["status"]
+    body = wait_phase(crds, namespace, "s1", "Ready")
+    rollbacks = [e for e in checkpointed["log"].read() if e.type == "session.rollback"]
+    assert len(rollbacks) == 1
+    claims = core.list_namespaced_persistent_volume_claim(namespace, label_selector="savepoint.dev/session=s1").items
+
+    def one_claim():
+        live = [
+            c.metadata.name
+            for c in core.list_namespaced_persistent_volume_claim(
+                namespace, label_selector="savepoint.dev/session=s1"
+            ).items
+            if not c.metadata.deletion_timestamp
+        ]
+        return live == [body["status"]["workspaceClaimName"]]
+
+    wait_for(one_claim, timeout=60, what="exactly one workspace claim")
+    assert claims  # the session kept a claim throughout
+    assert checksums(pvc_data_dir(core, namespace, body["status"]["workspaceClaimName"])) == checkpointed["files"]

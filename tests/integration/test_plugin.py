@@ -29,7 +29,10 @@ def plugin_env(kubeconfig: str) -> dict[str, str]:
 def plugin(kubeconfig: str, namespace: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "savepoint.cli", "-n", namespace, *args],
-        env=plugin_env(kubeconfig), capture_output=True, text=True, timeout=timeout,
+        env=plugin_env(kubeconfig),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -53,11 +56,16 @@ def test_kubectl_finds_the_plugin(kubeconfig, crds, namespace, tmp_path: Path):
         pytest.fail(f"kubectl is not in the venv ({kubectl}): run hack/venv", pytrace=False)
     # What the console script `kubectl-savepoint` does, on a PATH of its own.
     shim = tmp_path / "kubectl-savepoint"
-    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m savepoint.cli \"$@\"\n")
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m savepoint.cli "$@"\n')
     shim.chmod(0o755)
     env = {**plugin_env(kubeconfig), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    done = subprocess.run([str(kubectl), "savepoint", "-n", namespace, "checkpoint", "list"],
-                          env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(kubectl), "savepoint", "-n", namespace, "checkpoint", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "No checkpoints" in done.stderr
 
@@ -86,10 +94,18 @@ def test_without_a_key_each_run_creates_a_checkpoint(kubeconfig, crds, namespace
 
 
 def test_rollback_refuses_another_sessions_checkpoint(kubeconfig, crds, namespace):
-    crds.create_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "Checkpoint",
-        "metadata": {"name": "c-other"}, "spec": {"sessionName": "other"},
-    })
+    crds.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "checkpoints",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Checkpoint",
+            "metadata": {"name": "c-other"},
+            "spec": {"sessionName": "other"},
+        },
+    )
     done = plugin(kubeconfig, namespace, "rollback", "s1", "--to", "c-other")
     assert done.returncode == cli.EXIT_USAGE
     assert "belongs to session other" in done.stderr
@@ -114,9 +130,27 @@ def test_log_tail_prints_appended_events(kubeconfig, core, crds, namespace):
     assert '"text":"third"' in lines[-1] and "agent.message" in lines[-1]
 
     follow = subprocess.Popen(
-        [sys.executable, "-m", "savepoint.cli", "-n", namespace, "log", "tail", "s1", "-f", "-n", "1",
-         "--interval", "0.2", "-o", "json"],
-        env=plugin_env(kubeconfig), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "savepoint.cli",
+            "-n",
+            namespace,
+            "log",
+            "tail",
+            "s1",
+            "-f",
+            "-n",
+            "1",
+            "--interval",
+            "0.2",
+            "-o",
+            "json",
+        ],
+        env=plugin_env(kubeconfig),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(follow.stdout), daemon=True)
@@ -164,8 +198,11 @@ def test_create_wait_for_a_missing_session_fails_with_the_reason(kubeconfig, ope
     assert "error: Rejected: SessionNotFound: session ghost not found" in done.stderr
     assert "created in namespace" in done.stdout
     listed = plugin(kubeconfig, namespace, "checkpoint", "list")
-    assert listed.stdout.splitlines()[1].split()[:3] == [checkpoints(crds, namespace)[0]["metadata"]["name"],
-                                                         "ghost", "Rejected"]
+    assert listed.stdout.splitlines()[1].split()[:3] == [
+        checkpoints(crds, namespace)[0]["metadata"]["name"],
+        "ghost",
+        "Rejected",
+    ]
 
 
 def test_fork_wait_of_a_missing_checkpoint_fails_with_the_reason(kubeconfig, operator, crds, namespace):
@@ -185,8 +222,20 @@ def ready_s1(operator, crds, namespace):
 
 def test_checkpoint_create_wait_list_fork_and_rollback(kubeconfig, core, crds, namespace, ready_s1):
     EventLog(core, namespace, "s1").append("user.message", {"text": "hello"})
-    done = plugin(kubeconfig, namespace, "checkpoint", "create", "s1", "--label", "first", "--ttl", "2h",
-                  "--wait", "--idempotency-key", "first")
+    done = plugin(
+        kubeconfig,
+        namespace,
+        "checkpoint",
+        "create",
+        "s1",
+        "--label",
+        "first",
+        "--ttl",
+        "2h",
+        "--wait",
+        "--idempotency-key",
+        "first",
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     name = cli.key_name("ckpt", "first")
     assert f"checkpoint {name} is Ready through event 1" in done.stdout

@@ -94,7 +94,12 @@ def test_lint(helm):
 
 def test_default_objects(default):
     assert kinds(default) == {
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ClusterKopfPeering",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "Service",
+        "ClusterKopfPeering",
         "PodDisruptionBudget",
     }
     for obj in default:
@@ -131,8 +136,9 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
     binding = one(default, "ClusterRoleBinding")
     account = one(default, "ServiceAccount")
     assert binding["roleRef"]["name"] == one(default, "ClusterRole")["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
     pod = one(default, "Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
 
@@ -183,8 +189,14 @@ def test_image_metrics_and_liveness(default):
 
 
 def test_values_reach_the_operator(helm):
-    objects = render(helm, "defaultCheckpointTTL=7d", "logLevel=DEBUG", "image.tag=dev",
-                     "watchNamespaces={team-a,team-b}", "replicaCount=3")
+    objects = render(
+        helm,
+        "defaultCheckpointTTL=7d",
+        "logLevel=DEBUG",
+        "image.tag=dev",
+        "watchNamespaces={team-a,team-b}",
+        "replicaCount=3",
+    )
     assert env(objects)["SAVEPOINT_DEFAULT_CHECKPOINT_TTL"] == "7d"
     assert env(objects)["SAVEPOINT_LOG_LEVEL"] == "DEBUG"
     assert env(objects)["SAVEPOINT_NAMESPACES"] == "team-a,team-b"
@@ -212,8 +224,15 @@ def test_webhook_objects_only_when_enabled(helm, default):
     hook = config["webhooks"][0]
     service = one(objects, "Service", hook["clientConfig"]["service"]["name"])
     assert service["spec"]["ports"][0]["targetPort"] == "webhook"
-    assert hook["rules"] == [{"apiGroups": ["savepoint.dev"], "apiVersions": ["v1alpha1"], "resources": ["checkpoints"],
-                              "operations": ["CREATE"], "scope": "Namespaced"}]
+    assert hook["rules"] == [
+        {
+            "apiGroups": ["savepoint.dev"],
+            "apiVersions": ["v1alpha1"],
+            "resources": ["checkpoints"],
+            "operations": ["CREATE"],
+            "scope": "Namespaced",
+        }
+    ]
     assert hook["namespaceSelector"] == {"matchLabels": {"savepoint.dev/webhook": "on"}}
     assert hook["sideEffects"] == "None"
     assert env(objects)["SAVEPOINT_WEBHOOK"] == "true"
@@ -221,12 +240,16 @@ def test_webhook_objects_only_when_enabled(helm, default):
     # TLS from cert-manager by default: the Certificate's Secret is mounted, its CA injected.
     certificate = one(objects, "Certificate")
     assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
-        f"{NAMESPACE}/{certificate['metadata']['name']}")
+        f"{NAMESPACE}/{certificate['metadata']['name']}"
+    )
     volumes = one(objects, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert {"name": "webhook-tls", "secret": {"secretName": certificate["spec"]["secretName"]}} in volumes
     rules = one(objects, "ClusterRole")["rules"]
-    assert {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingwebhookconfigurations"],
-            "verbs": ["get", "list", "watch", "create", "patch"]} in rules
+    assert {
+        "apiGroups": ["admissionregistration.k8s.io"],
+        "resources": ["validatingwebhookconfigurations"],
+        "verbs": ["get", "list", "watch", "create", "patch"],
+    } in rules
 
 
 def test_webhook_with_own_certificate(helm):
@@ -244,13 +267,15 @@ def test_chart_crds_are_the_generated_ones_plus_kopf_peering():
     assert {k: in_chart.get(k) for k in ours} == ours, "run hack/update-crds"
     peering = list(yaml.safe_load_all(in_chart["kopf-peering.yaml"]))
     assert {(c["spec"]["names"]["kind"], c["spec"]["scope"]) for c in peering} == {
-        ("ClusterKopfPeering", "Cluster"), ("KopfPeering", "Namespaced"),
+        ("ClusterKopfPeering", "Cluster"),
+        ("KopfPeering", "Namespaced"),
     }
 
 
 def test_plain_manifests_are_in_sync(helm):
-    done = subprocess.run([str(REPO / "hack" / "update-manifests"), "--check"], capture_output=True, text=True,
-                          cwd=REPO)
+    done = subprocess.run(
+        [str(REPO / "hack" / "update-manifests"), "--check"], capture_output=True, text=True, cwd=REPO
+    )
     assert done.returncode == 0, done.stderr
     kustomization = yaml.safe_load((REPO / "config" / "default" / "kustomization.yaml").read_text())
     listed = set(kustomization["resources"])

@@ -85,16 +85,26 @@ class FakeClock:
 
 
 def test_wait_prints_each_state_once_and_returns_the_outcome():
-    states = iter([ckpt("c1"), ckpt("c1", phase="Pending"), ckpt("c1", phase="Pending"),
-                   ckpt("c1", phase="Pending", message="snapshot s1-c1 not ready yet"),
-                   ckpt("c1", phase="Ready", throughSequence=2)])
+    states = iter(
+        [
+            ckpt("c1"),
+            ckpt("c1", phase="Pending"),
+            ckpt("c1", phase="Pending"),
+            ckpt("c1", phase="Pending", message="snapshot s1-c1 not ready yet"),
+            ckpt("c1", phase="Ready", throughSequence=2),
+        ]
+    )
     lines: list[str] = []
     clock = FakeClock()
-    result = cli.wait(lambda: next(states), cli.checkpoint_outcome, timeout=60, say=lines.append,
-                      clock=clock, sleep=clock.sleep)
+    result = cli.wait(
+        lambda: next(states), cli.checkpoint_outcome, timeout=60, say=lines.append, clock=clock, sleep=clock.sleep
+    )
     assert result.ok
     assert [line.split("] ", 1)[1] for line in lines] == [
-        "Waiting for the operator", "Pending", "Pending: snapshot s1-c1 not ready yet", "Ready",
+        "Waiting for the operator",
+        "Pending",
+        "Pending: snapshot s1-c1 not ready yet",
+        "Ready",
     ]
     assert lines[1].startswith("[   0.5s]")
 
@@ -114,8 +124,10 @@ def test_wait_fails_when_the_object_disappears():
 def test_checkpoint_table():
     now = datetime(2030, 1, 1, tzinfo=UTC)
     items = [
-        {**ckpt("c2", phase="Ready", throughSequence=9, expiresAt=(now + timedelta(days=29, hours=3)).isoformat()),
-         "spec": {"sessionName": "s1", "label": "after tests"}},
+        {
+            **ckpt("c2", phase="Ready", throughSequence=9, expiresAt=(now + timedelta(days=29, hours=3)).isoformat()),
+            "spec": {"sessionName": "s1", "label": "after tests"},
+        },
         {**ckpt("c1", phase="Expired", throughSequence=3)},
         ckpt("x", session="other", phase="Pending"),
     ]

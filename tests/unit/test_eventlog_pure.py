@@ -46,8 +46,14 @@ def seqs(events: list[Event]) -> list[int]:
 
 
 def test_event_json_round_trip():
-    event = Event(7, "000000000007-0a1b2c3d4e5f", "user.message", "2030-01-02T03:04:05.000006Z",
-                  {"text": "héllo ✓", "n": [1, 2, {"x": None}]}, subject="user:42")
+    event = Event(
+        7,
+        "000000000007-0a1b2c3d4e5f",
+        "user.message",
+        "2030-01-02T03:04:05.000006Z",
+        {"text": "héllo ✓", "n": [1, 2, {"x": None}]},
+        subject="user:42",
+    )
     text = event.to_json()
     assert Event.from_json(text) == event
     assert Event.from_json(text.encode()) == event
@@ -57,13 +63,18 @@ def test_event_json_round_trip():
     assert Event.from_json(no_subject.to_json()).subject is None
 
 
-@pytest.mark.parametrize("text", [
-    "{not json", "[]", '{"seq":0,"id":"x","type":"t","time":"t","data":{}}',
-    '{"seq":true,"id":"x","type":"t","time":"t","data":{}}',
-    '{"seq":1,"id":"","type":"t","time":"t","data":{}}',
-    '{"seq":1,"id":"x","type":"t","time":"t","data":[]}',
-    '{"seq":1,"id":"x","type":"t","time":"t","data":{},"subject":3}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{not json",
+        "[]",
+        '{"seq":0,"id":"x","type":"t","time":"t","data":{}}',
+        '{"seq":true,"id":"x","type":"t","time":"t","data":{}}',
+        '{"seq":1,"id":"","type":"t","time":"t","data":{}}',
+        '{"seq":1,"id":"x","type":"t","time":"t","data":[]}',
+        '{"seq":1,"id":"x","type":"t","time":"t","data":{},"subject":3}',
+    ],
+)
 def test_event_from_json_refuses_what_it_did_not_write(text):
     with pytest.raises(ValueError):
         Event.from_json(text)
@@ -95,16 +106,18 @@ def test_one_rollback_closes_a_branch():
 
 def test_two_nested_rollbacks():
     # 1 2 3 | rollback to 1 (4) | 5 6 | rollback to 5 (7) | 8
-    events = log("a", "b", "c", ("session.rollback", {"toSequence": 1}), "d", "e",
-                 ("session.rollback", {"toSequence": 5}), "f")
+    events = log(
+        "a", "b", "c", ("session.rollback", {"toSequence": 1}), "d", "e", ("session.rollback", {"toSequence": 5}), "f"
+    )
     assert seqs(effective_history(events)) == [1, 4, 5, 7, 8]
 
 
 def test_rollback_into_a_closed_branch_restores_that_branch():
     # A checkpoint at 3 is still live after a rollback to 1; rolling back to it brings
     # back the history as it was at 3.
-    events = log("a", "b", "c", ("session.rollback", {"toSequence": 1}), "d",
-                 ("session.rollback", {"toSequence": 3}), "e")
+    events = log(
+        "a", "b", "c", ("session.rollback", {"toSequence": 1}), "d", ("session.rollback", {"toSequence": 3}), "e"
+    )
     assert seqs(effective_history(events)) == [1, 2, 3, 6, 7]
 
 
@@ -117,8 +130,9 @@ def test_rollback_to_zero_and_invalid_targets():
 
 
 def test_effective_history_is_idempotent_and_tolerates_gaps():
-    events = log("a", "b", "c", ("session.rollback", {"toSequence": 1}), "d",
-                 ("session.rollback", {"toSequence": 3}), "e")
+    events = log(
+        "a", "b", "c", ("session.rollback", {"toSequence": 1}), "d", ("session.rollback", {"toSequence": 3}), "e"
+    )
     once = effective_history(events)
     assert effective_history(once) == once
     # Events 1..2 gone (retention): the rollback to 3 still lands on 3.
@@ -133,8 +147,7 @@ def test_effective_history_is_idempotent_and_tolerates_gaps():
 
 def test_summarize_runs_by_id_and_by_order():
     assert summarize([]) == {"run_in_flight": False, "approval_pending": False, "runs": 0}
-    events = log(("run.started", {"runId": "a"}), ("run.started", {"runId": "b"}),
-                 ("run.completed", {"runId": "b"}))
+    events = log(("run.started", {"runId": "a"}), ("run.started", {"runId": "b"}), ("run.completed", {"runId": "b"}))
     assert summarize(events) == {"run_in_flight": True, "approval_pending": False, "runs": 1}
     events.append(ev(4, "run.completed", runId="a"))
     assert summarize(events) == {"run_in_flight": False, "approval_pending": False, "runs": 2}
@@ -147,15 +160,16 @@ def test_summarize_runs_by_id_and_by_order():
 
 
 def test_summarize_counts_a_repeated_completion_once():
-    events = log(("run.started", {"runId": "a"}), ("run.completed", {"runId": "a"}),
-                 ("run.completed", {"runId": "a"}))
+    events = log(("run.started", {"runId": "a"}), ("run.completed", {"runId": "a"}), ("run.completed", {"runId": "a"}))
     assert summarize(events) == {"run_in_flight": False, "approval_pending": False, "runs": 1}
 
 
 def test_summarize_approvals():
-    events = log(("agent.approval_request", {"requestId": "q1"}),
-                 ("agent.approval_request", {"requestId": "q2"}),
-                 ("user.approval", {"requestId": "q1", "approved": True}))
+    events = log(
+        ("agent.approval_request", {"requestId": "q1"}),
+        ("agent.approval_request", {"requestId": "q2"}),
+        ("user.approval", {"requestId": "q1", "approved": True}),
+    )
     assert summarize(events)["approval_pending"] is True
     events.append(ev(4, "user.approval", requestId="q2"))
     assert summarize(events)["approval_pending"] is False
@@ -164,8 +178,12 @@ def test_summarize_approvals():
 
 def test_summarize_uses_the_effective_history():
     # A run started on a branch that a rollback closed is not in flight.
-    events = log(("run.started", {"runId": "a"}), ("run.completed", {"runId": "a"}),
-                 ("run.started", {"runId": "b"}), ("session.rollback", {"toSequence": 2}))
+    events = log(
+        ("run.started", {"runId": "a"}),
+        ("run.completed", {"runId": "a"}),
+        ("run.started", {"runId": "b"}),
+        ("session.rollback", {"toSequence": 2}),
+    )
     assert summarize(events) == {"run_in_flight": False, "approval_pending": False, "runs": 1}
 
 
@@ -174,8 +192,7 @@ def test_summarize_uses_the_effective_history():
 
 def chunk(data: dict[str, str], first: str | None = "1", name: str = "s-log-000001") -> dict:
     annotations = {"savepoint.dev/first-seq": first} if first is not None else {}
-    return {"metadata": {"name": name, "resourceVersion": "9", "annotations": annotations},
-            "data": data}
+    return {"metadata": {"name": name, "resourceVersion": "9", "annotations": annotations}, "data": data}
 
 
 def test_chunk_parsing_names_the_bad_key():
@@ -241,8 +258,9 @@ class FakeCore:
     def list_namespaced_config_map(self, namespace, label_selector, **_):
         key, value = label_selector.split("=")
         with self.lock:
-            items = [copy.deepcopy(o) for _, o in sorted(self.objects.items())
-                     if o["metadata"]["labels"].get(key) == value]
+            items = [
+                copy.deepcopy(o) for _, o in sorted(self.objects.items()) if o["metadata"]["labels"].get(key) == value
+            ]
         return _Reply({"items": items, "metadata": {}})
 
     def read_namespaced_config_map(self, name, namespace, **_):
@@ -267,8 +285,7 @@ class FakeCore:
                 raise ApiException(status=404)
             if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
                 raise ApiException(status=409, reason="Conflict")
-            obj["metadata"].setdefault("annotations", {}).update(
-                body["metadata"].get("annotations", {}))
+            obj["metadata"].setdefault("annotations", {}).update(body["metadata"].get("annotations", {}))
             obj.setdefault("data", {}).update(body.get("data", {}))
             return self._stamp(obj)
 
@@ -340,8 +357,7 @@ def test_small_events_roll_over_early_and_a_big_one_gets_a_chunk_of_its_own():
     big = elog.append("note", {"pad": "b" * 6000})
     after = elog.append("note", {"pad": "p" * 200})
     assert elog.read() == [*small, big, after]
-    used = {name: sum(len(k) + len(v.encode()) for k, v in cm["data"].items())
-            for name, cm in core.objects.items()}
+    used = {name: sum(len(k) + len(v.encode()) for k, v in cm["data"].items()) for name, cm in core.objects.items()}
     holding = {name: sorted(cm["data"]) for name, cm in core.objects.items()}
     [big_chunk] = [name for name, keys in holding.items() if f"{big.seq:012d}" in keys]
     assert holding[big_chunk] == [f"{big.seq:012d}"] and 6000 < used[big_chunk] <= 8192

@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from savepoint import k8s, metrics
+from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
     FailReason,
@@ -36,6 +36,7 @@ from savepoint.checkpoint import (
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
+from savepoint.controllers import object_lock
 from savepoint.controllers.session import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import effective_history, summarize
@@ -69,6 +70,11 @@ def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = N
 
 def reconcile_checkpoint(namespace: str, name: str, settings: Settings | None = None) -> None:
     settings = settings or load()
+    with object_lock("checkpoint", namespace, name):
+        _reconcile(namespace, name, settings)
+
+
+def _reconcile(namespace: str, name: str, settings: Settings) -> None:
     body = k8s.get_custom("checkpoints", namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
@@ -211,6 +217,7 @@ def _progress(body: dict, settings: Settings) -> None:
             _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
             return
         snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
+        failpoints.hit("checkpoint.after_snapshot_created")
     state = snapshot_state(snapshot)
     if state.error:
         _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
@@ -280,7 +287,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
 def _already_logged(elog, uid: str, through: int) -> bool:
     """Whether checkpoint.created for this checkpoint is already in the log (a retried pass)."""
     try:
-        events = elog.read(from_seq=max(1, through + 1))
+        events = elog.read(from_seq=max(1, through + 1), partial=True)
     except EventLogError:
         return False
     return any(e.type == "checkpoint.created" and e.data.get("uid") == uid for e in events)

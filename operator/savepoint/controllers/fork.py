@@ -13,7 +13,10 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from savepoint import k8s, metrics
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     SNAPSHOT_GROUP,
     effective_ttl,
@@ -22,6 +25,7 @@ from savepoint.checkpoint import (
     rfc3339,
 )
 from savepoint.config import Settings, load
+from savepoint.controllers import object_lock
 from savepoint.controllers.session import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
@@ -75,6 +79,11 @@ def _fail(body: dict, err: ForkError) -> None:
 
 def reconcile_fork(namespace: str, name: str, settings: Settings | None = None) -> None:
     settings = settings or load()
+    with object_lock("fork", namespace, name):
+        _reconcile(namespace, name, settings)
+
+
+def _reconcile(namespace: str, name: str, settings: Settings) -> None:
     body = k8s.get_custom("forks", namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
@@ -179,9 +188,18 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
         new["metadata"]["annotations"][THROUGH_ANNOTATION] = str(plan.through_sequence)
         try:
             SessionSpec.model_validate(new["spec"])
-        except ValueError as err:
-            raise ForkError(ForkReason.TARGET_EXISTS, f"target.overrides make an invalid Session: {err}") from None
-        created = k8s.create_custom("sessions", namespace, new)
+        except ValidationError as err:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
+            message = f"target.overrides make an invalid Session: {problems}"
+            raise ForkError(ForkReason.INVALID_TARGET, message) from None
+        try:
+            created = k8s.create_custom("sessions", namespace, new)
+        except ApiException as err:
+            if err.status not in (400, 422):
+                raise
+            raise ForkError(
+                ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {k8s.status_message(err)}"
+            ) from None
         target = created or k8s.get_custom("sessions", namespace, target_name)
         _write(
             body,
@@ -280,6 +298,7 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
     source_spec = SessionSpec.model_validate(session.get("spec") or {})
     data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
     pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(session, source_spec, claim, data_source))
+    failpoints.hit("rollback.after_claim_created")
     if (pvc.get("status") or {}).get("phase") != "Bound":
         return
     # 3. The rollback is recorded in the same log, once.

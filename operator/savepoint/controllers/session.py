@@ -8,14 +8,14 @@ what it observes.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import defaultdict
 from typing import Any
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
+from savepoint.controllers import object_lock
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -36,10 +36,6 @@ from savepoint.session import (
 
 log = logging.getLogger(__name__)
 
-# One pass at a time per Session in this process; events for Pods, claims and log chunks
-# all funnel into the same reconcile.
-_locks: defaultdict[tuple[str, str], threading.Lock] = defaultdict(threading.Lock)
-
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -56,7 +52,7 @@ def _owned_by(obj: dict | None, body: dict) -> bool:
 
 
 def reconcile_session(namespace: str, name: str) -> None:
-    with _locks[(namespace, name)]:
+    with object_lock("session", namespace, name):
         body = k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
@@ -115,6 +111,11 @@ def _reconcile(body: dict[str, Any]) -> None:
             pod = k8s.ensure_pod(build_pod(body, spec, claim, now_ms()))
         except PodTemplateError as err:
             template_error = str(err)
+        except ApiException as err:
+            if err.status not in (400, 422):
+                raise
+            # The API server refused the Pod the template makes: say why, instead of retrying forever.
+            template_error = f"spec.podTemplate: the API server refused the Pod: {k8s.status_message(err)}"
     elif pod_phase(pod) == "Running" and POD_BOOT_MS not in (pod["metadata"].get("annotations") or {}):
         created = int((pod["metadata"].get("annotations") or {}).get(POD_CREATED_MS, now_ms()))
         boot = str(max(0, now_ms() - created))
