@@ -262,8 +262,9 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
 
     if annotations.get(RESTORING_ANNOTATION) != meta["name"]:
         if sstatus.get("workspaceClaimName") == claim:
-            # Swapped and released on an earlier pass: wait for the session to come back.
-            if sstatus.get("phase") == SessionPhase.READY:
+            # Swapped and released on an earlier pass: wait for the session to come back
+            # (a run may already have started on the restored workspace).
+            if sstatus.get("phase") in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
                 _succeed(body, name)
             return
         phase = sstatus.get("phase")
@@ -282,6 +283,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
         k8s.patch_custom(
             "sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
         )
+        # Start the restore now, so the new claim binds while the Pod goes away.
+        _ensure_rollback_claim(session, claim, plan)
         _write(
             body,
             {"phase": ForkPhase.RESTORING.value, "targetSession": name},
@@ -294,10 +297,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
     if pod is not None:
         k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
         return
-    # 2. A new claim restored from the snapshot.
-    source_spec = SessionSpec.model_validate(session.get("spec") or {})
-    data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
-    pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(session, source_spec, claim, data_source))
+    # 2. A new claim restored from the snapshot (made on the first pass; a restart may have missed it).
+    pvc = k8s.get_pvc(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
     failpoints.hit("rollback.after_claim_created")
     if (pvc.get("status") or {}).get("phase") != "Bound":
         return
@@ -315,7 +316,6 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             },
         )
     # 4. Swap the claim in, release the old one, refresh the checkpoint's expiry.
-    old_claim = sstatus.get("workspaceClaimName")
     started = time.monotonic()
     k8s.patch_status(
         "sessions",
@@ -326,12 +326,22 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
         },
     )
-    if old_claim and old_claim != claim:
-        k8s.delete_pvc(namespace, old_claim)
+    failpoints.hit("rollback.after_swap")
+    # Release the old claim, and any a pass that died right after the swap left behind: while
+    # the rollback holds the session, no other claim of it is legitimately in use.
+    for other in k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"):
+        if other["metadata"]["name"] != claim and not other["metadata"].get("deletionTimestamp"):
+            k8s.delete_pvc(namespace, other["metadata"]["name"])
     _refresh_expiry(namespace, plan.checkpoint, settings)
     # 5. Hand the session back to its controller, which starts the Pod on the new claim.
     k8s.patch_custom("sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}})
     log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
+
+
+def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:
+    source_spec = SessionSpec.model_validate(session.get("spec") or {})
+    data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
+    return k8s.ensure_pvc(build_pvc(session, source_spec, claim, data_source))
 
 
 def _check_idle(session: dict) -> None:

@@ -8,8 +8,10 @@ from savepoint.config import load
 from savepoint.controllers import fork
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION
+from savepoint.session import SESSION_LABEL
 
 FORKS = (GROUP, VERSION, "forks")
+SESSIONS = (GROUP, VERSION, "sessions")
 settings = load()
 
 
@@ -20,8 +22,35 @@ def fork_reconcile(namespace: str, name: str, **_: object) -> None:
         fork.reconcile_fork(namespace, name, settings)
 
 
+@kopf.index(*FORKS, id="forks_by_session")
+def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object) -> dict | None:
+    """Unfinished forks by the session they wait on (status.targetSession: the fork's new
+    session, or the session a rollback swaps), so that session's events move them on."""
+    if status.get("phase") in ("Succeeded", "Failed") or not status.get("targetSession"):
+        return None
+    return {(namespace, status["targetSession"]): name}
+
+
+def _advance(namespace: str, session: str, index: kopf.Index) -> None:
+    for name in list(index.get((namespace, session), ())):
+        with count_errors("fork"):
+            fork.reconcile_fork(namespace, name, settings)
+
+
+@kopf.on.event(*SESSIONS, id="fork_session_event")
+def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, **_: object) -> None:
+    _advance(namespace, name, forks_by_session)
+
+
+@kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_pod_event")
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_claim_event")
+def fork_child_event(namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, **_: object) -> None:
+    _advance(namespace, labels[SESSION_LABEL], forks_by_session)
+
+
+# A safety net now, not the engine: events above move every step.
 @kopf.timer(
-    *FORKS, interval=2, id="fork_progress", when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed")
+    *FORKS, interval=10, id="fork_progress", when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed")
 )
 def fork_progress(namespace: str, name: str, **_: object) -> None:
     with count_errors("fork"):
