@@ -84,7 +84,7 @@ def policy_from_annotations(annotations: dict[str, str] | None, default_ttl: tim
             return None
         try:
             return parse(annotations[key])
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError, OverflowError) as err:
             raise PolicyError(f"namespace annotation {key}={annotations[key]!r}: {err}") from None
 
     cap = get(ANNOTATION_TTL, parse_duration)
@@ -158,11 +158,19 @@ def admit(
     return None
 
 
+# Beyond any real retention, and small enough that now + ttl is still a date.
+MAX_TTL = timedelta(days=36500)
+
+
 def effective_ttl(spec_ttl: str | None, policy: Policy) -> timedelta:
     """min(spec.ttl, namespace cap); the cap already defaults to the operator's 30d."""
+    cap = min(policy.ttl_cap, MAX_TTL)
     if spec_ttl is None:
-        return policy.ttl_cap
-    return min(parse_duration(spec_ttl), policy.ttl_cap)
+        return cap
+    try:
+        return min(parse_duration(spec_ttl), cap)
+    except OverflowError:  # "99999999999999999999d": more than a timedelta holds, so more than the cap
+        return cap
 
 
 def rfc3339(moment: datetime) -> str:
@@ -179,7 +187,20 @@ def snapshot_name(checkpoint: str) -> str:
     if len(name) <= 63:
         return name
     digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:10]
-    return f"{name[:52]}-{digest}"
+    # A cut that ends in "." would make "x.-<digest>", which is not a valid name.
+    return f"{name[:52].rstrip('.-')}-{digest}"
+
+
+def checkpoint_label_value(checkpoint: str) -> str:
+    """The checkpoint's name as a label value (at most 63 characters), hashed when longer.
+
+    Checkpoint names may be 253 characters; the full name is also kept in the annotation
+    CHECKPOINT_LABEL, which is what the VolumeSnapshot watch reads.
+    """
+    if len(checkpoint) <= 63:
+        return checkpoint
+    digest = hashlib.sha256(checkpoint.encode()).hexdigest()[:10]
+    return f"{checkpoint[:52].rstrip('.-')}-{digest}"
 
 
 def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str) -> dict[str, Any]:
@@ -190,8 +211,9 @@ def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str)
         "metadata": {
             "name": snapshot_name(meta["name"]),
             "namespace": meta["namespace"],
+            "annotations": {CHECKPOINT_LABEL: meta["name"]},
             "labels": {
-                CHECKPOINT_LABEL: meta["name"],
+                CHECKPOINT_LABEL: checkpoint_label_value(meta["name"]),
                 "savepoint.dev/session": body["spec"]["sessionName"],
                 "app.kubernetes.io/managed-by": "savepoint",
             },

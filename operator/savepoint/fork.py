@@ -23,6 +23,7 @@ class ForkReason(StrEnum):
     SESSION_NOT_READY = "SessionNotReady"
     SESSION_NOT_FOUND = "SessionNotFound"
     TARGET_EXISTS = "TargetExists"
+    INVALID_TARGET = "InvalidTarget"
     EVENT_NOT_FOUND = "EventNotFound"
 
 

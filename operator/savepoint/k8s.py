@@ -55,7 +55,9 @@ class RateLimiter:
 
 def _instrument(api: client.ApiClient, limiter: RateLimiter) -> None:
     """Count and rate-limit every request of this client (typed and raw calls alike)."""
-    send = api.request
+    # Every typed and raw (_preload_content=False) call goes through call_api; the
+    # kubernetes client 37 ApiClient has no `request` method to wrap.
+    send = api.call_api
 
     def request(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         waited = limiter.take()
@@ -69,7 +71,7 @@ def _instrument(api: client.ApiClient, limiter: RateLimiter) -> None:
         metrics.api_requests.labels(method, str(getattr(response, "status", 200))).inc()
         return response
 
-    api.request = request  # type: ignore[method-assign]
+    api.call_api = request  # type: ignore[method-assign]
 
 
 @cache
@@ -95,6 +97,14 @@ def custom() -> client.CustomObjectsApi:
 
 def _raw(response: Any) -> dict:
     return json.loads(response.data)
+
+
+def status_message(err: ApiException) -> str:
+    """The API server's own message from a refusal (a Status body), else the exception's text."""
+    try:
+        return str(json.loads(err.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return str(err.reason or err)
 
 
 def get_pod(namespace: str, name: str) -> dict | None:
@@ -139,6 +149,13 @@ def ensure_pvc(body: dict) -> dict:
             raise
     existing = get_pvc(ns, body["metadata"]["name"])
     return existing or body
+
+
+def list_pvcs(namespace: str, label_selector: str) -> list[dict]:
+    response = core().list_namespaced_persistent_volume_claim(
+        namespace, label_selector=label_selector, _preload_content=False
+    )
+    return _raw(response).get("items", [])
 
 
 def delete_pod(namespace: str, name: str, uid: str | None = None) -> None:

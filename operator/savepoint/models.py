@@ -23,6 +23,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w))+$"
 # Session names leave room for derived names such as "<session>-log-000001".
 MAX_SESSION_NAME = 48
+# A reference to another object is its name in the same namespace: a lowercase RFC 1123
+# subdomain, never "namespace/name" (`[.]` rather than an escaped dot: CEL string literals).
+LOCAL_NAME = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 def cel(rule: str, message: str, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
@@ -37,6 +40,15 @@ def cel(rule: str, message: str, field_path: str | None = None, reason: str | No
 
 def validations(*rules: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(rules)}
+
+
+def local_name(kind: str) -> dict[str, str]:
+    """The CEL rule of a field that names another object of the same namespace."""
+    return cel(
+        f"self.matches('{LOCAL_NAME}')",
+        f"must be the name of a {kind} in this namespace (a lowercase DNS name); "
+        "objects in other namespaces cannot be referenced",
+    )
 
 
 FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
@@ -86,7 +98,7 @@ class SessionPhase(StrEnum):
 
 
 class WorkspaceSpec(Model):
-    size: str = Field(default="1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$")
+    size: str = Field(default="1Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$", max_length=32)
     storage_class_name: str | None = Field(default=None, max_length=253)
     volume_snapshot_class_name: str | None = Field(default=None, max_length=253)
     mount_path: str = Field(default="/workspace", pattern=r"^/.*", max_length=4096)
@@ -109,8 +121,10 @@ class SessionSource(Model):
         )
     )
 
-    checkpoint: str | None = Field(default=None, max_length=253)
-    session: str | None = Field(default=None, max_length=253)
+    checkpoint: str | None = Field(
+        default=None, max_length=253, json_schema_extra=validations(local_name("Checkpoint"))
+    )
+    session: str | None = Field(default=None, max_length=253, json_schema_extra=validations(local_name("Session")))
     at_event: str | None = Field(default=None, max_length=64)
 
 
@@ -196,7 +210,7 @@ class CheckpointSpec(Model):
     session_name: str = Field(
         min_length=1,
         max_length=253,
-        json_schema_extra=validations(cel("self == oldSelf", "sessionName is immutable")),
+        json_schema_extra=validations(cel("self == oldSelf", "sessionName is immutable"), local_name("Session")),
     )
     label: str | None = Field(default=None, max_length=256)
     ttl: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
@@ -244,7 +258,12 @@ class ForkSource(SessionSource):
 
 
 class ForkTarget(Model):
-    session_name: str | None = Field(default=None, min_length=1, max_length=MAX_SESSION_NAME)
+    session_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SESSION_NAME,
+        json_schema_extra=validations(local_name("Session")),
+    )
     overrides: dict[str, Any] = Field(default_factory=dict, json_schema_extra=FREE_FORM)
 
 

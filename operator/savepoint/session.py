@@ -67,15 +67,28 @@ class PodTemplateError(ValueError):
     """The Session's podTemplate cannot make a Pod; the message names the field."""
 
 
+def _objects(value: Any, path: str) -> list[dict]:
+    """A list of objects from the free-form template, or the PodTemplateError naming the field."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise PodTemplateError(f"{path}: must be a list of objects")
+    return value
+
+
 def build_pod(body: dict[str, Any], spec: SessionSpec, claim: str, created_ms: int) -> dict:
     """The sandbox Pod: the user's template plus the workspace volume, labels and owner."""
     session = body["metadata"]["name"]
     template = copy.deepcopy(spec.pod_template)
     meta = template.get("metadata") or {}
+    if not isinstance(meta, dict) or not all(isinstance(meta.get(k) or {}, dict) for k in ("labels", "annotations")):
+        raise PodTemplateError("spec.podTemplate.metadata: labels and annotations must be objects")
     pod_spec = template.get("spec")
     if not isinstance(pod_spec, dict) or not pod_spec.get("containers"):
         raise PodTemplateError("spec.podTemplate.spec.containers: at least one container is required")
-    volumes = [v for v in pod_spec.get("volumes", []) if v.get("name") != WORKSPACE_VOLUME]
+    _objects(pod_spec["containers"], "spec.podTemplate.spec.containers")
+    volumes = _objects(pod_spec.get("volumes"), "spec.podTemplate.spec.volumes")
+    volumes = [v for v in volumes if v.get("name") != WORKSPACE_VOLUME]
     volumes.append({"name": WORKSPACE_VOLUME, "persistentVolumeClaim": {"claimName": claim}})
     pod_spec["volumes"] = volumes
     env = [
@@ -86,11 +99,14 @@ def build_pod(body: dict[str, Any], spec: SessionSpec, claim: str, created_ms: i
     for i, container in enumerate(pod_spec["containers"]):
         if not isinstance(container, dict) or not container.get("name"):
             raise PodTemplateError(f"spec.podTemplate.spec.containers[{i}].name: required")
-        mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != WORKSPACE_VOLUME]
+        where = f"spec.podTemplate.spec.containers[{i}]"
+        mounts = _objects(container.get("volumeMounts"), f"{where}.volumeMounts")
+        mounts = [m for m in mounts if m.get("name") != WORKSPACE_VOLUME]
         mounts.append({"name": WORKSPACE_VOLUME, "mountPath": spec.workspace.mount_path})
         container["volumeMounts"] = mounts
         names = {e.get("name") for e in env}
-        container["env"] = env + [e for e in container.get("env", []) if e.get("name") not in names]
+        own = _objects(container.get("env"), f"{where}.env")
+        container["env"] = env + [e for e in own if e.get("name") not in names]
     return {
         "apiVersion": "v1",
         "kind": "Pod",

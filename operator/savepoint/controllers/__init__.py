@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
+from collections.abc import Callable
 
 # kopf runs the create handler, timers and watch-event handlers of one object in
 # different threads; one pass at a time per object keeps check-then-act steps (such as
@@ -15,3 +17,25 @@ _guard = threading.Lock()
 def object_lock(kind: str, namespace: str, name: str) -> threading.Lock:
     with _guard:
         return _locks[(kind, namespace, name)]
+
+
+# When each object's last successful pass started (monotonic seconds).
+_done: dict[tuple[str, str, str], float] = {}
+
+
+def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], None]) -> None:
+    """Run reconcile under the object's lock, unless a pass that started after we were
+    asked has already succeeded: it observed everything we would (a work queue's dedupe).
+
+    At start-up kopf asks for a Session's reconcile once for the Session and once per
+    Pod, claim and log chunk it owns; under load a checkpoint's snapshot sends several
+    watch events in a row. Coalescing these keeps the same outcome with fewer requests.
+    """
+    asked = time.monotonic()
+    key = (kind, namespace, name)
+    with object_lock(kind, namespace, name):
+        if _done.get(key, float("-inf")) > asked:
+            return
+        started = time.monotonic()
+        reconcile()
+        _done[key] = started

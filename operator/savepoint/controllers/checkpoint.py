@@ -9,6 +9,7 @@ Checkpoint, so a restart at any line resumes where it stopped.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,7 +37,7 @@ from savepoint.checkpoint import (
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
-from savepoint.controllers import object_lock
+from savepoint.controllers import object_lock, one_pass
 from savepoint.controllers.session import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import effective_history, summarize
@@ -70,8 +71,7 @@ def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = N
 
 def reconcile_checkpoint(namespace: str, name: str, settings: Settings | None = None) -> None:
     settings = settings or load()
-    with object_lock("checkpoint", namespace, name):
-        _reconcile(namespace, name, settings)
+    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings))
 
 
 def _reconcile(namespace: str, name: str, settings: Settings) -> None:
@@ -117,6 +117,10 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
         snapshot_class = pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
         view = SessionView(exists=True, phase=phase, claim=claim)
+    if policy.max_checkpoints is None and policy.max_checkpoint_bytes is None:
+        # No quota to check: skip listing every checkpoint in the namespace, which costs
+        # O(checkpoints) per admission and dominated admission at thousands of them.
+        return policy, session, view, QuotaUse(0, 0), snapshot_class
     live = [
         c
         for c in k8s.list_custom("checkpoints", namespace)
@@ -318,10 +322,28 @@ def expire(body: dict) -> bool:
     return True
 
 
+# Expiries run on a small work queue: a storm of thousands due at once is done in
+# parallel, while the client's rate limiter (SAVEPOINT_API_QPS) caps the request rate.
+EXPIRY_WORKERS = 8
+
+
+def _expire_logged(body: dict) -> bool:
+    meta = body["metadata"]
+    try:
+        # Never beside a reconcile pass of the same checkpoint: a pass that is creating the
+        # snapshot would re-create what this deletes, or write Ready over Expired.
+        with object_lock("checkpoint", meta["namespace"], meta["name"]):
+            return expire(body)
+    except Exception:  # one bad object must not stop the sweep
+        log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
+        return False
+
+
 def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     """One pass over every checkpoint: expire the overdue, delete Expired past the grace."""
     now = now or _now()
     counts = {"expired": 0, "deleted": 0}
+    due: list[dict] = []
     namespaces = settings.namespaces or (None,)
     for namespace in namespaces:
         for body in k8s.list_custom("checkpoints", namespace):
@@ -330,13 +352,15 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
             if body["metadata"].get("deletionTimestamp") or not expires:
                 continue
             if phase in (CheckpointPhase.READY, CheckpointPhase.PENDING) and parse_time(expires) <= now:
-                try:
-                    counts["expired"] += expire(body)
-                except Exception:  # one bad object must not stop the sweep
-                    log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
+                due.append(body)
             elif phase == CheckpointPhase.EXPIRED and parse_time(expires) + settings.expired_grace <= now:
                 k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
                 counts["deleted"] += 1
+    if len(due) == 1:
+        counts["expired"] += _expire_logged(due[0])
+    elif due:
+        with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
+            counts["expired"] += sum(pool.map(_expire_logged, due))
     return counts
 
 

@@ -15,7 +15,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
-from savepoint.controllers import object_lock
+from savepoint.controllers import one_pass
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -52,11 +52,13 @@ def _owned_by(obj: dict | None, body: dict) -> bool:
 
 
 def reconcile_session(namespace: str, name: str) -> None:
-    with object_lock("session", namespace, name):
+    def reconcile() -> None:
         body = k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
         _reconcile(body)
+
+    one_pass("session", namespace, name, reconcile)
 
 
 def _reconcile(body: dict[str, Any]) -> None:

@@ -6,26 +6,36 @@ import threading
 
 import kopf
 
-from savepoint.checkpoint import CHECKPOINT_LABEL
+from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
 from savepoint.config import load
 from savepoint.controllers import checkpoint
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION, CheckpointSpec
 
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
+# Phases reconcile_checkpoint has nothing to do for (expiry is the sweep's job).
+SETTLED = ("Ready", "Failed", "Rejected", "Expired")
 settings = load()
 
 
 @kopf.on.resume(*CHECKPOINTS, id="checkpoint_resume")
 @kopf.on.create(*CHECKPOINTS, id="checkpoint_create")
-def checkpoint_reconcile(namespace: str, name: str, **_: object) -> None:
+def checkpoint_reconcile(namespace: str, name: str, status: kopf.Status, **_: object) -> None:
+    if status.get("phase") in SETTLED:
+        return  # at start-up, thousands of these: reconcile would only re-read them to do nothing
     with count_errors("checkpoint"):
         checkpoint.reconcile_checkpoint(namespace, name, settings)
 
 
+# A safety net behind the VolumeSnapshot watch, and the clock of the snapshot timeout.
+# Every Pending checkpoint polls, so at 5 s a few hundred in flight spent more of the API
+# budget on polls than on new checkpoints: poll at a quarter of the timeout, 5 to 30 s.
+PENDING_POLL_SECONDS = min(30.0, max(5.0, settings.snapshot_timeout.total_seconds() / 4))
+
+
 @kopf.timer(
     *CHECKPOINTS,
-    interval=5,
+    interval=PENDING_POLL_SECONDS,
     id="checkpoint_pending_poll",
     when=lambda status, **_: status.get("phase") in (None, "Pending"),
 )
@@ -34,10 +44,26 @@ def checkpoint_pending_poll(namespace: str, name: str, **_: object) -> None:
         checkpoint.reconcile_checkpoint(namespace, name, settings)
 
 
-@kopf.on.event("snapshot.storage.k8s.io", "v1", "volumesnapshots", labels={CHECKPOINT_LABEL: kopf.PRESENT})
-def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], **_: object) -> None:
+def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
+    # Only a ready or failed snapshot moves its Checkpoint on; the snapshotter's many
+    # intermediate updates would each cost a reconcile that finds nothing to do (the
+    # pending poll keeps the timeout's clock).
+    state = snapshot_state(dict(body))
+    return state.ready or state.error is not None
+
+
+@kopf.on.event(
+    "snapshot.storage.k8s.io",
+    "v1",
+    "volumesnapshots",
+    labels={CHECKPOINT_LABEL: kopf.PRESENT},
+    when=_snapshot_settled,
+)
+def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], annotations: dict[str, str], **_: object) -> None:
+    # The label holds a hashed name when the checkpoint's is longer than a label value may be.
+    name = annotations.get(CHECKPOINT_LABEL) or labels[CHECKPOINT_LABEL]
     with count_errors("checkpoint"):
-        checkpoint.reconcile_checkpoint(namespace, labels[CHECKPOINT_LABEL], settings)
+        checkpoint.reconcile_checkpoint(namespace, name, settings)
 
 
 if settings.webhook:

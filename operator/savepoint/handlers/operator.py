@@ -34,6 +34,11 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
             pkeyfile=str(key),
         )
         settings.admission.managed = None
+    if config.namespaces:
+        # kopf stops watching a namespace as soon as its deletion starts, before the
+        # namespace controller deletes our objects, so their finalizers would never run and
+        # the namespace would stay Terminating. Serve the listed namespaces statically.
+        settings.scanning.disabled = True
     if config.peering:
         settings.peering.name = config.peering
         settings.peering.mandatory = True

@@ -1,0 +1,769 @@
+"""Fault tests: the operator SIGKILLed mid-flight (at random points, and at the one
+narrow window of a rollback), the API server and etcd restarted, a VolumeSnapshot that
+never becomes ready.
+
+Each test runs its OWN operator (`python -m savepoint` with SAVEPOINT_NAMESPACES set
+to a namespace the test creates), so it can kill and restart it. The session-wide
+`operator` fixture of tests/conftest.py is cluster-wide and would act on that namespace
+too; it starts lazily, on the first test that asks for it, and tests/e2e is collected
+before tests/integration, so in a plain `pytest` run it is not running yet. The tests
+here check that and refuse to run otherwise.
+
+Knobs (environment): SAVEPOINT_FAULT_OPS (operations per run, default 30),
+SAVEPOINT_FAULT_SEED (the random seed; printed on every run, so a failure can be
+replayed with the same schedule of operations and kills). docs/reliability.md says
+what is guaranteed and how to run these.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes import client
+
+from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_name
+from savepoint.eventlog import EventLog
+from savepoint.fork import RESTORING_ANNOTATION
+from savepoint.models import GROUP, VERSION
+from savepoint.session import SESSION_LABEL
+from tests.conftest import REPO, unique, wait_for
+from tests.csi_data import PVCDataError, pvc_data_dir
+from tests.integration.test_session import KWOK_POD
+
+pytestmark = pytest.mark.fault
+
+SNAP = ("snapshot.storage.k8s.io", "v1")
+FAULT_OPS = int(os.environ.get("SAVEPOINT_FAULT_OPS", "30"))
+CHECKPOINT_TERMINAL = ("Ready", "Rejected", "Failed", "Expired")
+FORK_TERMINAL = ("Succeeded", "Failed")
+LIVE = ("Ready", "Running", "AwaitingApproval")  # a session whose restore is done
+REQUEST_TIMEOUT = 15  # seconds; a call to an API server whose etcd is down must not hang the test
+
+
+def seed() -> int:
+    value = int(os.environ.get("SAVEPOINT_FAULT_SEED") or random.randrange(2**31))
+    print(f"\nfault seed: SAVEPOINT_FAULT_SEED={value}")
+    return value
+
+
+# --- the operator under test -------------------------------------------------------
+
+
+class OperatorProcess:
+    """`python -m savepoint` watching one namespace, which the test may SIGKILL and restart."""
+
+    def __init__(self, kubeconfig: str, namespace: str, log_path: Path, env: dict[str, str]) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log_path
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self.kills = 0
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.kubeconfig,
+            "PYTHONPATH": str(REPO / "operator"),
+            "SAVEPOINT_NAMESPACES": self.namespace,
+            "SAVEPOINT_WEBHOOK": "false",
+            "SAVEPOINT_METRICS_PORT": "0",
+            "SAVEPOINT_RESYNC_SECONDS": "10",
+            "SAVEPOINT_LOG_LEVEL": os.environ.get("SAVEPOINT_FAULT_LOG_LEVEL", "INFO"),
+            **self.env,
+        }
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab" if self.starts else "wb") as out:
+            out.write(f"\n===== start {self.starts + 1} at {time.strftime('%H:%M:%S')} =====\n".encode())
+            out.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "savepoint"], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handler runs, whatever the operator was doing stops mid-line."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.kills += 1
+
+    def stop(self) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def _shared_operator_started(request: pytest.FixtureRequest) -> bool:
+    """Whether conftest's cluster-wide `operator` fixture is already running in this session."""
+    for name in ("operator_process", "operator"):
+        try:
+            defs = request._fixturemanager.getfixturedefs(name, request.node)
+        except (AttributeError, TypeError):
+            continue
+        if any(d.scope == "session" and getattr(d, "cached_result", None) is not None for d in defs or ()):
+            return True
+    return False
+
+
+@pytest.fixture
+def own_operator(request, kubeconfig, crds, core) -> Iterator[Callable[..., tuple[str, OperatorProcess]]]:
+    """A factory: own_operator(label, **env) -> (namespace, OperatorProcess), cleaned up after the test."""
+    if _shared_operator_started(request):
+        pytest.fail(
+            "the cluster-wide `operator` fixture is already running and would act on the fault tests' "
+            "namespaces; run tests/e2e before the integration tests (plain `pytest` does)",
+            pytrace=False,
+        )
+    made: list[tuple[str, OperatorProcess]] = []
+
+    def make(label: str, **env: str) -> tuple[str, OperatorProcess]:
+        namespace = unique(f"fault-{label}")
+        core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={"savepoint.dev/test": "true"}))
+        )
+        wait_for(lambda: _has_default_sa(core, namespace), timeout=60, what=f"default ServiceAccount in {namespace}")
+        proc = OperatorProcess(kubeconfig, namespace, REPO / ".run" / f"operator-fault-{label}.log", env)
+        proc.start()
+        made.append((namespace, proc))
+        return namespace, proc
+
+    yield make
+    for namespace, proc in made:
+        # Delete while our operator still runs: Checkpoint finalizers need it.
+        if not proc.alive():
+            proc.start()
+        try:
+            core.delete_namespace(namespace, propagation_policy="Background")
+            wait_for(
+                lambda ns=namespace: _gone(core, ns), timeout=180, interval=1, what=f"namespace {namespace} deleted"
+            )
+        finally:
+            proc.stop()
+
+
+def _has_default_sa(core, namespace: str) -> bool:
+    try:
+        core.read_namespaced_service_account("default", namespace)
+        return True
+    except client.ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+
+
+def _gone(core, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+        return False
+    except client.ApiException as err:
+        return err.status == 404
+
+
+# --- API calls that outlive an API server restart -----------------------------------
+
+
+def retrying(call: Callable[[], Any], timeout: float = 120, exists_ok: bool = False) -> Any:
+    """call(), retried while the API server or etcd is away; 409 on a create is success with exists_ok."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except client.ApiException as err:
+            if err.status == 409 and exists_ok:
+                return None  # an earlier attempt landed but its answer was lost
+            if err.status not in (0, 429, 500, 502, 503, 504):
+                raise
+        except (urllib3.exceptions.HTTPError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the API server did not answer within {timeout}s")
+        time.sleep(0.5)
+
+
+def create(crds, namespace: str, plural: str, body: dict) -> None:
+    retrying(
+        lambda: crds.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, body, _request_timeout=REQUEST_TIMEOUT
+        ),
+        exists_ok=True,
+    )
+
+
+def listing(crds, namespace: str, plural: str, group: tuple[str, str] = (GROUP, VERSION)) -> list[dict]:
+    return retrying(
+        lambda: crds.list_namespaced_custom_object(*group, namespace, plural, _request_timeout=REQUEST_TIMEOUT)
+    )["items"]
+
+
+def obj(kind: str, name: str, spec: dict) -> dict:
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def session_body(name: str) -> dict:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Session",
+        "metadata": {"name": name},
+        "spec": {"podTemplate": KWOK_POD, "workspace": {"size": "64Mi"}, "harness": {"name": "h", "revision": "1"}},
+    }
+
+
+def phases(crds, namespace: str, plural: str) -> dict[str, str | None]:
+    return {o["metadata"]["name"]: (o.get("status") or {}).get("phase") for o in listing(crds, namespace, plural)}
+
+
+# --- the mixed workload -------------------------------------------------------------
+
+
+class Workload:
+    """Mixed checkpoint / fork / at-event fork / rollback / delete / append operations on a few sessions."""
+
+    KINDS = ("checkpoint", "fork", "at_event", "rollback", "delete", "append")
+    WEIGHTS = (35, 18, 12, 15, 5, 15)
+
+    def __init__(self, core, crds, namespace: str, rng: random.Random, sessions: list[str]) -> None:
+        self.core, self.crds, self.namespace, self.rng = core, crds, namespace, rng
+        self.sessions = sessions
+        self.checkpoints: list[str] = []
+        self.forks: list[str] = []
+        self.deleted: set[str] = set()
+        self.used: set[str] = set()  # checkpoints a fork or rollback names: never deleted
+        self.counts: Counter[str] = Counter()
+        self.issued = 0
+
+    def log(self, session: str) -> EventLog:
+        return EventLog(self.core, self.namespace, session)
+
+    def ready_checkpoints(self) -> list[str]:
+        now = phases(self.crds, self.namespace, "checkpoints")
+        return [c for c in self.checkpoints if now.get(c) == "Ready" and c not in self.deleted]
+
+    def step(self, i: int) -> None:
+        kind = self.rng.choices(self.KINDS, self.WEIGHTS)[0]
+        ready = self.ready_checkpoints() if kind in ("fork", "rollback", "delete") else []
+        deadline = time.monotonic() + 30
+        while kind in ("fork", "rollback") and not ready and self.checkpoints and time.monotonic() < deadline:
+            time.sleep(0.5)  # the operator may be down: wait for a checkpoint to fork from
+            ready = self.ready_checkpoints()
+        if kind in ("fork", "rollback") and not ready:
+            kind = "checkpoint"
+        deletable = [c for c in self.checkpoints if c not in self.used and c not in self.deleted]
+        if kind == "delete" and not deletable:
+            kind = "append"
+        self.counts[kind] += 1
+        ns = self.namespace
+        if kind == "checkpoint":
+            name = f"c{i}"
+            session = self.rng.choice(self.sessions)
+            self.checkpoints.append(name)
+            create(
+                self.crds,
+                ns,
+                "checkpoints",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "Checkpoint",
+                    "metadata": {"name": name},
+                    "spec": {"sessionName": session, "label": f"op {i}"},
+                },
+            )
+        elif kind in ("fork", "rollback"):
+            checkpoint = self.rng.choice(ready)
+            self.used.add(checkpoint)
+            name = f"{'fk' if kind == 'fork' else 'rb'}{i}"
+            spec: dict[str, Any] = {"source": {"checkpoint": checkpoint}}
+            if kind == "fork":
+                spec["target"] = {"sessionName": f"f{i}"}
+            else:
+                spec["mode"] = "Rollback"
+            self.forks.append(name)
+            create(
+                self.crds,
+                ns,
+                "forks",
+                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Fork", "metadata": {"name": name}, "spec": spec},
+            )
+        elif kind == "at_event":
+            session = self.rng.choice(self.sessions)
+            last = retrying(lambda: self.log(session).cursor().seq)
+            if last == 0:
+                last = retrying(lambda: self.log(session).append("user.message", {"text": "hello"}).seq)
+            name = f"ae{i}"
+            self.forks.append(name)
+            create(
+                self.crds,
+                ns,
+                "forks",
+                {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "Fork",
+                    "metadata": {"name": name},
+                    "spec": {
+                        "source": {"session": session, "atEvent": str(self.rng.randint(1, last))},
+                        "target": {"sessionName": f"f{i}"},
+                    },
+                },
+            )
+        elif kind == "delete":
+            victim = self.rng.choice(deletable)
+            self.deleted.add(victim)
+            retrying(lambda: _delete_checkpoint(self.crds, ns, victim))
+        else:
+            session = self.rng.choice(self.sessions)
+            retrying(lambda: self.log(session).append("user.message", {"text": f"op {i}"}))
+
+    def run(self, n: int, pause: tuple[float, float] = (0.1, 0.8)) -> None:
+        for _ in range(n):
+            self.step(self.issued)  # numbered across runs: names never repeat
+            self.issued += 1
+            time.sleep(self.rng.uniform(*pause))
+
+
+def _delete_checkpoint(crds, namespace: str, name: str) -> None:
+    try:
+        crds.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "checkpoints", name, _request_timeout=REQUEST_TIMEOUT
+        )
+    except client.ApiException as err:
+        if err.status != 404:
+            raise
+
+
+def start_sessions(core, crds, namespace: str, names: list[str], timeout: float = 120) -> None:
+    """Sessions Ready, each with a small conversation and an identity file in its workspace."""
+    for name in names:
+        create(crds, namespace, "sessions", session_body(name))
+    for name in names:
+        wait_for(
+            lambda n=name: phases(crds, namespace, "sessions").get(n) == "Ready",
+            timeout=timeout,
+            interval=0.5,
+            what=f"session {name} Ready",
+        )
+        log = EventLog(core, namespace, name)
+        log.append("user.message", {"text": f"I am {name}"})
+        log.append("run.started", {"runId": "r0"})
+        log.append("run.completed", {"runId": "r0"})
+        try:
+            claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", name)["status"][
+                "workspaceClaimName"
+            ]
+            (pvc_data_dir(core, namespace, claim) / "identity").write_text(name)
+        except PVCDataError:
+            pass  # a cluster whose volumes are not on this machine: no file checks
+    for name in names:
+        wait_for(
+            lambda n=name: phases(crds, namespace, "sessions").get(n) == "Ready",
+            timeout=timeout,
+            interval=0.5,
+            what=f"session {name} Ready after its first run",
+        )
+
+
+# --- the invariants -----------------------------------------------------------------
+
+
+def problems(core, crds, namespace: str, work: Workload) -> list[str]:
+    """Everything wrong with the namespace after a run; empty when every invariant holds."""
+    found: list[str] = []
+    ckpts = {c["metadata"]["name"]: c for c in listing(crds, namespace, "checkpoints")}
+    forks = {f["metadata"]["name"]: f for f in listing(crds, namespace, "forks")}
+    sessions = {s["metadata"]["name"]: s for s in listing(crds, namespace, "sessions")}
+
+    # 1. Every object reaches a terminal phase (deleted checkpoints are gone).
+    for name in work.checkpoints:
+        if name in work.deleted:
+            if name in ckpts:
+                found.append(f"checkpoint {name} was deleted but is still there")
+            continue
+        phase = (ckpts.get(name, {}).get("status") or {}).get("phase")
+        if phase not in CHECKPOINT_TERMINAL:
+            found.append(f"checkpoint {name} is {phase or 'missing'}")
+    for name in work.forks:
+        phase = (forks.get(name, {}).get("status") or {}).get("phase")
+        if phase not in FORK_TERMINAL:
+            found.append(f"fork {name} is {phase or 'missing'}")
+    for name, body in sessions.items():
+        if RESTORING_ANNOTATION in (body["metadata"].get("annotations") or {}):
+            found.append(f"session {name} is still marked as rolling back")
+        if (body.get("status") or {}).get("phase") in (None, "Provisioning"):
+            found.append(f"session {name} is still {(body.get('status') or {}).get('phase') or 'new'}")
+
+    # 2. VolumeSnapshots: each belongs to an existing checkpoint, at most one per checkpoint.
+    snaps = listing(crds, namespace, "volumesnapshots", SNAP)
+    by_ckpt: defaultdict[str, list[str]] = defaultdict(list)
+    for vs in snaps:
+        # The annotation holds the full name; the label a hashed one when the name is long.
+        owner = (vs["metadata"].get("annotations") or {}).get(CHECKPOINT_LABEL) or (
+            vs["metadata"].get("labels") or {}
+        ).get(CHECKPOINT_LABEL)
+        if owner is None:
+            found.append(f"VolumeSnapshot {vs['metadata']['name']} has no {CHECKPOINT_LABEL} label")
+            continue
+        by_ckpt[owner].append(vs["metadata"]["name"])
+    for owner, names in by_ckpt.items():
+        if owner not in ckpts:
+            found.append(f"VolumeSnapshot {names} is orphaned: checkpoint {owner} does not exist")
+        if len(names) > 1:
+            found.append(f"checkpoint {owner} has {len(names)} VolumeSnapshots: {names}")
+    for name, body in ckpts.items():
+        status = body.get("status") or {}
+        snaps_of = by_ckpt.get(name, [])
+        if status.get("phase") == "Ready":
+            if snaps_of != [status.get("volumeSnapshotName")] or snaps_of != [snapshot_name(name)]:
+                found.append(f"Ready checkpoint {name} has VolumeSnapshots {snaps_of}")
+        elif status.get("phase") in ("Rejected", "Expired") and snaps_of:
+            found.append(f"{status['phase']} checkpoint {name} still has VolumeSnapshots {snaps_of}")
+
+    # 3. PVCs and log chunks: each is the current claim / a log chunk of an existing session, owned by it.
+    claims = {(s.get("status") or {}).get("workspaceClaimName"): s for s in sessions.values()}
+    for pvc in retrying(
+        lambda: core.list_namespaced_persistent_volume_claim(
+            namespace, label_selector=SESSION_LABEL, _request_timeout=REQUEST_TIMEOUT
+        )
+    ).items:
+        if pvc.metadata.deletion_timestamp:
+            continue
+        owner = claims.get(pvc.metadata.name)
+        if owner is None:
+            found.append(f"PVC {pvc.metadata.name} (session {pvc.metadata.labels[SESSION_LABEL]}) is orphaned")
+        elif [r.uid for r in pvc.metadata.owner_references or []] != [owner["metadata"]["uid"]]:
+            found.append(f"PVC {pvc.metadata.name} is not owned by its session")
+    for cm in retrying(
+        lambda: core.list_namespaced_config_map(
+            namespace, label_selector=SESSION_LABEL, _request_timeout=REQUEST_TIMEOUT
+        )
+    ).items:
+        session = sessions.get(cm.metadata.labels[SESSION_LABEL])
+        if session is None or session["metadata"]["uid"] not in [r.uid for r in cm.metadata.owner_references or []]:
+            found.append(f"log chunk {cm.metadata.name} is orphaned")
+
+    # 4. Every log reads 1..N; no operator event is written twice, none that should be there is
+    # missing. A fork copies its parent's prefix, events included, so count within each log.
+    created: dict[tuple[str, str], list[int]] = defaultdict(list)  # (session, checkpoint uid) -> seqs
+    rolled: dict[tuple[str, str], list[int]] = defaultdict(list)  # (session, fork uid) -> seqs
+    for name in sessions:
+        events = retrying(lambda n=name: EventLog(core, namespace, n).read(partial=True))
+        seqs = [e.seq for e in events]
+        if seqs != list(range(1, len(seqs) + 1)):
+            found.append(f"log of {name} has gaps or disorder: {seqs}")
+        for e in events:
+            if e.type == "checkpoint.created":
+                created[(name, e.data.get("uid"))].append(e.seq)
+            elif e.type == "session.rollback":
+                rolled[(name, e.data.get("fork"))].append(e.seq)
+        forked = [e.seq for e in events if e.type == "session.forked"]
+        if len(forked) > 1:
+            found.append(f"log of {name} has session.forked at seq {forked}")
+        forked_and_up = sessions[name]["spec"].get("source") and sessions[name].get("status", {}).get("phase") in LIVE
+        if forked_and_up and len(forked) != 1:
+            found.append(f"forked session {name} is up but its log has session.forked at seq {forked}")
+    for (session, uid), at in [*created.items(), *rolled.items()]:
+        if len(at) > 1:
+            found.append(f"log of {session} has the event of uid {uid} {len(at)} times, at seq {at}")
+    for name, body in ckpts.items():
+        own = created.get((body["spec"]["sessionName"], body["metadata"]["uid"]), [])
+        if (body.get("status") or {}).get("phase") == "Ready" and len(own) != 1:
+            found.append(f"Ready checkpoint {name}: its session's log has checkpoint.created at seq {own}")
+    for name, body in forks.items():
+        target = (body.get("status") or {}).get("targetSession")
+        own = rolled.get((target, body["metadata"]["uid"]), [])
+        if (
+            body["spec"].get("mode") == "Rollback"
+            and (body.get("status") or {}).get("phase") == "Succeeded"
+            and len(own) != 1
+        ):
+            found.append(f"Succeeded rollback {name}: the log of {target} has session.rollback at seq {own}")
+
+    # 5. Succeeded forks made Ready sessions; a checkpoint's data went where the fork took it.
+    for name, body in forks.items():
+        status = body.get("status") or {}
+        if status.get("phase") != "Succeeded":
+            continue
+        target = sessions.get(status.get("targetSession"))
+        if target is None:
+            found.append(f"fork {name} Succeeded but session {status.get('targetSession')} does not exist")
+            continue
+        source = body["spec"]["source"].get("checkpoint")
+        if source and source in ckpts and target["status"].get("phase") in LIVE:
+            expected = ckpts[source]["spec"]["sessionName"]
+            identity = _identity(core, namespace, target["status"].get("workspaceClaimName"))
+            if identity not in (None, expected):
+                found.append(
+                    f"fork {name}: workspace of {target['metadata']['name']} holds {identity!r}, not {expected!r}"
+                )
+    return found
+
+
+def _identity(core, namespace: str, claim: str | None) -> str | None:
+    """The identity file of a workspace; None when it cannot be read from here."""
+    if not claim:
+        return None
+    try:
+        return (pvc_data_dir(core, namespace, claim) / "identity").read_text()
+    except (PVCDataError, client.ApiException):
+        return None
+    except FileNotFoundError:
+        return "(no identity file)"
+
+
+def settle(core, crds, namespace: str, work: Workload, timeout: float, seed_value: int) -> float:
+    """Wait until every invariant holds; seconds it took. Fails listing what is still wrong."""
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        found = problems(core, crds, namespace, work)
+        if not found:
+            return time.monotonic() - started
+        if time.monotonic() > deadline:
+            pytest.fail(
+                f"after {timeout:.0f}s (seed {seed_value}) these invariants still fail:\n  " + "\n  ".join(found),
+                pytrace=False,
+            )
+        time.sleep(2)
+
+
+def outcome_summary(crds, namespace: str) -> str:
+    """Counts by phase/reason, with one message for each reason (why were they refused?)."""
+    out = []
+    for plural in ("checkpoints", "forks"):
+        counts: Counter[str] = Counter()
+        example: dict[str, str] = {}
+        for o in listing(crds, namespace, plural):
+            status = o.get("status") or {}
+            key = f"{status.get('phase')}" + (f"/{status['reason']}" if status.get("reason") else "")
+            counts[key] += 1
+            if status.get("reason"):
+                example.setdefault(key, status.get("message") or "")
+        out.append(
+            f"{plural}: "
+            + ", ".join(
+                f"{k} {v}" + (f" (e.g. {example[k]!r})" if k in example else "") for k, v in sorted(counts.items())
+            )
+        )
+    return "; ".join(out)
+
+
+# --- 1. SIGKILL at random points ---------------------------------------------------------
+
+
+def test_operator_sigkilled_at_random_points_loses_and_duplicates_nothing(own_operator, core, crds):
+    seed_value = seed()
+    rng = random.Random(seed_value)
+    killer_rng = random.Random(seed_value + 1)
+    namespace, proc = own_operator("kill")
+    sessions = ["s0", "s1", "s2"]
+    start_sessions(core, crds, namespace, sessions)
+
+    work = Workload(core, crds, namespace, rng, sessions)
+    min_kills = max(3, FAULT_OPS // 6)
+    issuing = True
+    restarts: list[float] = []
+
+    def killer() -> None:
+        while issuing or proc.kills < min_kills:
+            # Start-up (imports, kopf's first listing) takes 2-3 s on two cores; a life of
+            # 3-12 s lets each incarnation get through part of the backlog before it dies.
+            time.sleep(killer_rng.uniform(3.0, 12.0))
+            proc.kill()
+            time.sleep(killer_rng.uniform(0.1, 1.5))
+            proc.start()
+            restarts.append(time.monotonic())
+
+    thread = threading.Thread(target=killer, daemon=True)
+    began = time.monotonic()
+    thread.start()
+    try:
+        work.run(FAULT_OPS)
+        issued = time.monotonic()
+    finally:
+        issuing = False
+        thread.join(timeout=120)
+    assert proc.alive(), f"operator not running after the last restart; see {proc.log_path}"
+    settle(core, crds, namespace, work, timeout=240, seed_value=seed_value)
+    held = time.monotonic()
+    print(
+        f"ops {FAULT_OPS} {dict(work.counts)} issued in {issued - began:.0f}s; SIGKILLs {proc.kills}; "
+        f"every invariant held {held - restarts[-1]:.0f}s after the last restart "
+        f"({held - issued:.0f}s after the last operation); {outcome_summary(crds, namespace)}"
+    )
+
+
+# --- 2. The API server and etcd restart mid-run --------------------------------------
+
+
+def run_dir_of(kubeconfig: str) -> Path | None:
+    """The hack/cluster run folder behind a kubeconfig, when it is one."""
+    folder = Path(kubeconfig).resolve().parent
+    return folder if (folder / "state.json").exists() and (folder / "pids").is_dir() else None
+
+
+def restart_component(run_dir: Path, component: str) -> float:
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(REPO / "hack" / "cluster"), "restart", component, "--kill"],
+        env={**os.environ, "SAVEPOINT_RUN_DIR": str(run_dir)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"hack/cluster restart {component} failed:\n{result.stderr}"
+    return time.monotonic() - started
+
+
+def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, crds):
+    run_dir = run_dir_of(kubeconfig)
+    if run_dir is None:
+        pytest.skip("needs the local control plane of hack/cluster (restarts its processes)")
+    seed_value = seed()
+    rng = random.Random(seed_value)
+    namespace, proc = own_operator("api")
+    sessions = ["s0", "s1"]
+    start_sessions(core, crds, namespace, sessions)
+    work = Workload(core, crds, namespace, rng, sessions)
+    n = max(12, FAULT_OPS // 2)
+    downtime = {}
+
+    work.run(n // 3)
+    downtime["kube-apiserver"] = restart_component(run_dir, "kube-apiserver")
+    work.run(n // 3)
+    downtime["etcd"] = restart_component(run_dir, "etcd")
+    work.run(n - 2 * (n // 3))
+    recovery = settle(core, crds, namespace, work, timeout=240, seed_value=seed_value)
+    assert proc.alive() and proc.starts == 1, f"the operator exited during the outages; see {proc.log_path}"
+    print(
+        f"ops {n} {dict(work.counts)}; restarts (SIGKILL, back to /readyz): "
+        + ", ".join(f"{k} {v:.1f}s" for k, v in downtime.items())
+        + f"; every invariant held {recovery:.0f}s after the last op; {outcome_summary(crds, namespace)}"
+    )
+
+
+# --- 3. A snapshot that never becomes ready -------------------------------------------
+
+
+@pytest.fixture
+def never_ready_class(api) -> Iterator[str]:
+    """A VolumeSnapshotClass of a CSI driver nobody runs: its snapshots never become ready.
+
+    deletionPolicy Retain, so deleting such a VolumeSnapshot does not wait for the absent
+    driver; the orphaned VolumeSnapshotContents are removed here by hand.
+    """
+    objects = client.CustomObjectsApi(api)
+    name = unique("never-ready")
+    objects.create_cluster_custom_object(
+        *SNAP,
+        "volumesnapshotclasses",
+        {
+            "apiVersion": "/".join(SNAP),
+            "kind": "VolumeSnapshotClass",
+            "metadata": {"name": name},
+            "driver": "never-ready.savepoint.dev",
+            "deletionPolicy": "Retain",
+        },
+    )
+    yield name
+    # By now own_operator's teardown has deleted the namespace and with it the snapshots.
+    for content in objects.list_cluster_custom_object(*SNAP, "volumesnapshotcontents")["items"]:
+        if content["spec"].get("volumeSnapshotClassName") == name:
+            cname = content["metadata"]["name"]
+            wait_for(lambda c=cname: _force_delete_content(objects, c), timeout=30, what=f"{cname} deleted")
+    objects.delete_cluster_custom_object(*SNAP, "volumesnapshotclasses", name)
+
+
+def _force_delete_content(objects, name: str) -> bool:
+    """Delete a VolumeSnapshotContent no driver will ever release; True once gone."""
+    try:
+        objects.delete_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
+        objects.patch_cluster_custom_object(*SNAP, "volumesnapshotcontents", name, {"metadata": {"finalizers": None}})
+        objects.get_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return False
+
+
+def test_snapshot_never_ready_fails_the_checkpoint_after_the_timeout(never_ready_class, own_operator, core, crds):
+    namespace, proc = own_operator("timeout", SAVEPOINT_SNAPSHOT_TIMEOUT="15s")
+    start_sessions(core, crds, namespace, ["s1"])
+    claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"][
+        "workspaceClaimName"
+    ]
+    # The snapshot the controller would make for "stuck", already there and stuck at a driver
+    # that never answers: exactly what a hung CSI driver looks like from the API.
+    crds.create_namespaced_custom_object(
+        *SNAP,
+        namespace,
+        "volumesnapshots",
+        {
+            "apiVersion": "/".join(SNAP),
+            "kind": "VolumeSnapshot",
+            "metadata": {"name": snapshot_name("stuck"), "labels": {CHECKPOINT_LABEL: "stuck", SESSION_LABEL: "s1"}},
+            "spec": {"volumeSnapshotClassName": never_ready_class, "source": {"persistentVolumeClaimName": claim}},
+        },
+    )
+    create(crds, namespace, "checkpoints", obj("Checkpoint", "stuck", {"sessionName": "s1"}))
+    asked = time.monotonic()
+    # A healthy checkpoint beside it is not held up.
+    create(crds, namespace, "checkpoints", obj("Checkpoint", "fine", {"sessionName": "s1"}))
+
+    def phase_of(name: str) -> dict | None:
+        body = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", name)
+        return body if (body.get("status") or {}).get("phase") in CHECKPOINT_TERMINAL else None
+
+    fine = wait_for(lambda: phase_of("fine"), timeout=90, what="checkpoint fine terminal")
+    assert fine["status"]["phase"] == "Ready", fine["status"]
+    stuck = wait_for(lambda: phase_of("stuck"), timeout=90, interval=0.5, what="checkpoint stuck terminal")
+    waited = time.monotonic() - asked
+    status = stuck["status"]
+    assert status["phase"] == "Failed" and status["reason"] == "SnapshotTimeout", status
+    assert snapshot_name("stuck") in status["message"] and "SAVEPOINT_SNAPSHOT_TIMEOUT" in status["message"]
+    assert waited >= 14, f"failed after {waited:.0f}s, before the 15s timeout"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "SnapshotTimeout"
+    events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=stuck").items
+    assert any(e.reason == "SnapshotTimeout" and e.type == "Warning" for e in events)
+    print(f"stuck checkpoint Failed/SnapshotTimeout {waited:.0f}s after it was asked for (timeout 15s)")
+
+
+# --- 4. A kill at the one line between the claim swap and the release --------------------
+
+
+def test_rollback_killed_right_after_the_claim_swap_leaves_no_orphan_claim(own_operator, core, crds):
+    """A random kill rarely lands here (a few milliseconds); a failpoint makes it certain."""
+    namespace, proc = own_operator("swap", SAVEPOINT_FAILPOINTS="rollback.after_swap")
+    start_sessions(core, crds, namespace, ["s1"])
+    work = Workload(core, crds, namespace, random.Random(0), ["s1"])
+    work.checkpoints.append("c1")
+    create(crds, namespace, "checkpoints", obj("Checkpoint", "c1", {"sessionName": "s1"}))
+    wait_for(lambda: phases(crds, namespace, "checkpoints").get("c1") == "Ready", timeout=90, what="c1 Ready")
+    work.forks.append("rb")
+    create(crds, namespace, "forks", obj("Fork", "rb", {"source": {"checkpoint": "c1"}, "mode": "Rollback"}))
+    assert proc.proc is not None and proc.proc.wait(timeout=120) == -signal.SIGKILL
+    proc.env.pop("SAVEPOINT_FAILPOINTS")
+    proc.start()
+    settle(core, crds, namespace, work, timeout=120, seed_value=0)
+    assert phases(crds, namespace, "forks")["rb"] == "Succeeded"
