@@ -90,7 +90,15 @@ def components(
     snapshotter = pins["EXTERNAL_SNAPSHOTTER_VERSION"]
     sock = socket_path(run_dir)
     driver_port, prov_port, snap_port, ctrl_port = (ports_fn() for _ in range(4))
-    common = [f"--kubeconfig={kubeconfig}", "--leader-election=false", "--v=2"]
+    # client-go's default of 5 requests/s caps the whole stack near 0.5 snapshots/s
+    # (docs/performance.md); a local test cluster can afford more.
+    common = [
+        f"--kubeconfig={kubeconfig}",
+        "--leader-election=false",
+        "--v=2",
+        "--kube-api-qps=50",
+        "--kube-api-burst=100",
+    ]
     return [
         {
             "name": "csi-hostpath",

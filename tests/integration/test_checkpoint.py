@@ -272,7 +272,7 @@ def test_zero_data_retention_and_quota(s1, core, crds, namespace):
 
 
 def test_automatic_checkpoints_keep_last(operator, core, crds, namespace):
-    make_session(crds, namespace, "auto", checkpointPolicy={"afterEachRun": True, "keepLast": 2})
+    make_session(crds, namespace, "auto", checkpointPolicy={"afterEachRun": True, "keepLast": 2, "ttl": "2d"})
     wait_phase(crds, namespace, "auto", "Ready", timeout=90)
     make_checkpoint(crds, namespace, "mine", session="auto", label="keep me")
     wait_checkpoint(crds, namespace, "mine", "Ready")
@@ -282,7 +282,8 @@ def test_automatic_checkpoints_keep_last(operator, core, crds, namespace):
         log.append("run.started", {"runId": f"r{i}"})
         done = log.append("run.completed", {"runId": f"r{i}"})
         names.append(controller.automatic_name("auto", done.seq))
-        wait_checkpoint(crds, namespace, names[-1], "Ready", "Rejected")
+        auto = wait_checkpoint(crds, namespace, names[-1], "Ready", "Rejected")
+        assert auto["spec"]["ttl"] == "2d"  # checkpointPolicy.ttl reaches the automatic checkpoints
 
     def pruned():
         left = {

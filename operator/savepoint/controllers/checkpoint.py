@@ -379,10 +379,13 @@ def automatic_name(session: str, run_seq: int) -> str:
     return f"{session}-run-{run_seq}"
 
 
-def ensure_automatic(session: dict, run_completed_seq: int, keep_last: int | None) -> None:
+def ensure_automatic(session: dict, run_completed_seq: int, keep_last: int | None, ttl: str | None = None) -> None:
     """Take the checkpoint for one run.completed; keep only the newest keep_last automatic ones."""
     meta = session["metadata"]
     name = automatic_name(meta["name"], run_completed_seq)
+    spec = {"sessionName": meta["name"], "label": f"after run (event {run_completed_seq})"}
+    if ttl:
+        spec["ttl"] = ttl  # checkpointPolicy.ttl, still capped by the namespace
     k8s.create_custom(
         "checkpoints",
         meta["namespace"],
@@ -393,7 +396,7 @@ def ensure_automatic(session: dict, run_completed_seq: int, keep_last: int | Non
                 "name": name,
                 "labels": {AUTOMATIC_LABEL: "true", SESSION_LABEL: meta["name"], RUN_SEQ_LABEL: str(run_completed_seq)},
             },
-            "spec": {"sessionName": meta["name"], "label": f"after run (event {run_completed_seq})"},
+            "spec": spec,
         },
     )
     if keep_last is None:

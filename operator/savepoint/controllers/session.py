@@ -148,7 +148,7 @@ def _reconcile(body: dict[str, Any]) -> None:
         # Deferred import: the checkpoint controller builds on this module.
         from savepoint.controllers.checkpoint import ensure_automatic
 
-        ensure_automatic(body, seen.last_run_completed, policy.keep_last)
+        ensure_automatic(body, seen.last_run_completed, policy.keep_last, policy.ttl)
 
 
 def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: str) -> None:
