@@ -443,7 +443,10 @@ class EventLog:
         rollover_bytes: int = DEFAULT_ROLLOVER_BYTES,
         max_attempts: int = 200,
         request_timeout: float = 30.0,
+        discovery: str = "list",
     ) -> None:
+        if discovery not in ("list", "names"):
+            raise ValueError('discovery is "list" (label-selector lists) or "names" (GETs by chunk name)')
         if not 1024 <= max_chunk_bytes <= CONFIGMAP_DATA_LIMIT - 4096:
             raise ValueError(
                 f"max_chunk_bytes must be between 1024 and {CONFIGMAP_DATA_LIMIT - 4096} "
@@ -460,6 +463,9 @@ class EventLog:
         self._page = max(1, (8 * 1024 * 1024) // self.rollover_bytes)  # chunks per list call
         self.max_attempts = max_attempts
         self.request_timeout = request_timeout
+        # "names": never list, find chunks by GETs of their names (a sandbox's token may
+        # not list ConfigMaps: docs/security.md).
+        self.discovery = discovery
         # Lost optimistic-concurrency races (409s and 429s), for metrics.
         self.conflicts = 0
         self._selector = f"{SESSION_LABEL}={_label_value(session)}"
@@ -894,6 +900,8 @@ class EventLog:
 
     def _list_meta(self) -> list[_Meta]:
         """Every chunk's index, name and first seq, by index: metadata only, one call."""
+        if self.discovery == "names":
+            return self._discover()
         metas: list[_Meta] = []
         token: str | None = None
         while True:
@@ -924,6 +932,8 @@ class EventLog:
         The next page is fetched while this one is parsed: the continue token sits in
         the list's metadata, which the API server writes before the items.
         """
+        if self.discovery == "names":
+            return [c for c in (self._get(i) for i in sorted(wanted)) if c is not None]
         page = self._page
 
         def fetch(token: str | None) -> bytes:
@@ -1019,3 +1029,119 @@ class EventLog:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+    # ------------------------------------------- discovery by name (no list)
+
+    # Consecutive missing chunks a by-name discovery steps over, looking for the first
+    # chunk after a prefix deleted by retention, before it calls the log empty.
+    NAME_SCAN_LIMIT = 4096
+    _META_ONE = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+    @classmethod
+    def from_env(cls, core: Any = None, **kwargs: Any) -> EventLog:
+        """The log of the session this process runs in, from the env the operator injects.
+
+        SAVEPOINT_NAMESPACE and SAVEPOINT_SESSION name the log, SAVEPOINT_SESSION_UID (when
+        set) makes the chunks this client creates owned by the Session. Chunks are found by
+        name (`discovery="names"`): the sandbox's ServiceAccount may not list ConfigMaps.
+        Without `core`, the in-cluster config is loaded (else the kubeconfig).
+        """
+        import os
+
+        namespace, session = os.environ.get("SAVEPOINT_NAMESPACE"), os.environ.get("SAVEPOINT_SESSION")
+        if not namespace or not session:
+            raise EventLogError("SAVEPOINT_NAMESPACE and SAVEPOINT_SESSION must be set (the operator sets both)")
+        if core is None:
+            from kubernetes import client, config
+
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            core = client.CoreV1Api()
+        uid = os.environ.get("SAVEPOINT_SESSION_UID")
+        if uid and "owner" not in kwargs:
+            # No blockOwnerDeletion: setting it needs rights on the Session a sandbox lacks.
+            kwargs["owner"] = {
+                "apiVersion": "savepoint.dev/v1alpha1",
+                "kind": "Session",
+                "name": session,
+                "uid": uid,
+                "controller": True,
+            }
+        kwargs.setdefault("discovery", "names")
+        return cls(core, namespace, session, **kwargs)
+
+    def _probe(self, index: int, forbidden_ok: bool = True) -> _Meta | None | bool:
+        """A chunk's metadata by name; None when it does not exist, False when forbidden."""
+        try:
+            resp = self.core.read_namespaced_config_map(
+                self.chunk_name(index),
+                self.namespace,
+                _preload_content=False,
+                _headers={"Accept": self._META_ONE},
+                _request_timeout=self.request_timeout,
+            )
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            if err.status == 403 and forbidden_ok:
+                return False
+            raise
+        meta = json.loads(resp.data)["metadata"]
+        return _Meta(index, meta["name"], _first_seq(meta))
+
+    def _bounds(self, start: int = 1, scan: bool = True) -> tuple[dict[int, _Meta], int, int]:
+        """(metas probed, lowest, newest) chunk index at or after `start`; newest 0 when none.
+
+        The chunks of a log are contiguous (retention deletes a prefix, rollover adds at
+        the end), so the newest is found by galloping and bisecting: O(log n) GETs. A 403
+        counts as absent past the first chunk (a sandbox's Role covers a window of names)
+        and is raised at the first one, which a caller allowed to use the log can read.
+        """
+        seen: dict[int, _Meta] = {}
+
+        def present(index: int) -> bool:
+            got = self._probe(index)
+            if isinstance(got, _Meta):
+                seen[index] = got
+                return True
+            return False
+
+        lo = start
+        # A 403 on chunk 1 is not "absent": this caller may not read the log at all.
+        got = self._probe(lo, forbidden_ok=start != 1)
+        while not isinstance(got, _Meta):
+            if not scan or got is False or lo - start >= self.NAME_SCAN_LIMIT:
+                return seen, 0, 0
+            lo += 1
+            got = self._probe(lo)
+        seen[lo] = got
+        hi, step = lo, 1
+        while present(hi + step):
+            hi += step
+            step *= 2
+        missing = hi + step
+        while missing - hi > 1:
+            mid = (hi + missing) // 2
+            if present(mid):
+                hi = mid
+            else:
+                missing = mid
+        return seen, lo, hi
+
+    def newest_chunk(self, start: int = 1, *, scan: bool = True) -> int:
+        """Index of the newest chunk, searched by name from `start`; 0 when there is none.
+
+        With scan=False a missing chunk `start` answers 0 at once (one GET).
+        """
+        return self._bounds(start, scan)[2]
+
+    def _discover(self) -> list[_Meta]:
+        seen, lo, hi = self._bounds(1)
+        metas: list[_Meta] = []
+        for index in range(lo, hi + 1) if hi else ():
+            meta = seen.get(index) or self._probe(index)
+            if isinstance(meta, _Meta):
+                metas.append(meta)
+        return metas

@@ -340,3 +340,53 @@ def post_event(body: dict, reason: str, message: str, warning: bool = False) -> 
         core().create_namespaced_event(meta["namespace"], event)
     except Exception:  # an Event is a courtesy; losing one must not fail a reconcile
         logging.getLogger(__name__).debug("could not post event %s on %s", reason, meta["name"], exc_info=True)
+
+
+# --- A sandbox's own credentials ------------------------------------------------------
+
+
+def rbac() -> client.RbacAuthorizationV1Api:
+    return client.RbacAuthorizationV1Api(api_client())
+
+
+def _create_or_get(create: Any, read: Any, namespace: str, body: dict) -> dict:
+    """Create; when it exists already, the existing object (the caller checks its owner)."""
+    try:
+        return _raw(create(namespace, body, _preload_content=False))
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    return _raw(read(body["metadata"]["name"], namespace, _preload_content=False))
+
+
+def ensure_service_account(body: dict) -> dict:
+    api = core()
+    ns = body["metadata"]["namespace"]
+    return _create_or_get(api.create_namespaced_service_account, api.read_namespaced_service_account, ns, body)
+
+
+def ensure_role(body: dict) -> dict:
+    api = rbac()
+    return _create_or_get(api.create_namespaced_role, api.read_namespaced_role, body["metadata"]["namespace"], body)
+
+
+def ensure_role_binding(body: dict) -> dict:
+    api = rbac()
+    ns = body["metadata"]["namespace"]
+    return _create_or_get(api.create_namespaced_role_binding, api.read_namespaced_role_binding, ns, body)
+
+
+def get_role(namespace: str, name: str) -> dict | None:
+    try:
+        return _raw(rbac().read_namespaced_role(name, namespace, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def set_role_rules(namespace: str, name: str, rules: list[dict]) -> None:
+    """Replace a Role's rules (a merge patch replaces the whole list)."""
+    rbac().patch_namespaced_role(
+        name, namespace, {"rules": rules}, _content_type="application/merge-patch+json", _preload_content=False
+    )

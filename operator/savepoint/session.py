@@ -32,6 +32,16 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The chart's ValidatingAdmissionPolicy (templates/sandbox-policy.yaml) recognises a
+# sandbox by this prefix of its ServiceAccount's name; keep the two in step.
+SANDBOX_ACCOUNT_PREFIX = "savepoint-sandbox-"
+
+
+def sandbox_account(session: str) -> str:
+    """The ServiceAccount a session's Pod runs as (savepoint.sandbox: what it may do)."""
+    return f"{SANDBOX_ACCOUNT_PREFIX}{session}"
+
+
 def pod_name(session: str) -> str:
     return session
 
@@ -94,6 +104,7 @@ def build_pod(body: dict[str, Any], spec: SessionSpec, claim: str, created_ms: i
     env = [
         {"name": "SAVEPOINT_SESSION", "value": session},
         {"name": "SAVEPOINT_NAMESPACE", "value": body["metadata"]["namespace"]},
+        {"name": "SAVEPOINT_SESSION_UID", "value": body["metadata"]["uid"]},
         {"name": "SAVEPOINT_WORKSPACE", "value": spec.workspace.mount_path},
     ]
     for i, container in enumerate(pod_spec["containers"]):
@@ -107,6 +118,12 @@ def build_pod(body: dict[str, Any], spec: SessionSpec, claim: str, created_ms: i
         names = {e.get("name") for e in env}
         own = _objects(container.get("env"), f"{where}.env")
         container["env"] = env + [e for e in own if e.get("name") not in names]
+    # The sandbox runs as its own account, which may append to this session's log and do
+    # nothing else; a template's account would be a way into another session's rights.
+    pod_spec.pop("serviceAccount", None)  # the deprecated alias of serviceAccountName
+    pod_spec["serviceAccountName"] = sandbox_account(session)
+    if pod_spec.get("automountServiceAccountToken") is not False:  # an explicit "no token" stays
+        pod_spec["automountServiceAccountToken"] = True
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -101,9 +101,12 @@ def test_default_objects(default):
         "Service",
         "ClusterKopfPeering",
         "PodDisruptionBudget",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     }
+    cluster_scoped = ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering")
     for obj in default:
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ClusterKopfPeering"):
+        if obj["kind"] not in cluster_scoped + ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["kind"]
 
 
@@ -123,6 +126,9 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
         | grant("savepoint.dev", ["sessions/status", "checkpoints/status", "forks/status"], "get patch update")
         | grant("", ["pods", "persistentvolumeclaims", "configmaps"], "get list watch create update patch delete")
         | grant("", ["persistentvolumes"], "get")
+        | grant("", ["serviceaccounts"], "get create")
+        | grant("rbac.authorization.k8s.io", ["roles"], "get create patch")
+        | grant("rbac.authorization.k8s.io", ["rolebindings"], "get create")
         | grant("", ["namespaces"], "get list watch")
         | grant("", ["events"], "create patch")
         | grant("events.k8s.io", ["events"], "create patch")
@@ -282,3 +288,26 @@ def test_plain_manifests_are_in_sync(helm):
     assert listed == {p.name for p in (REPO / "config" / "default").glob("*.yaml")} - {"kustomization.yaml"}
     crd_kustomization = yaml.safe_load((REPO / "config" / "crd" / "kustomization.yaml").read_text())
     assert set(crd_kustomization["resources"]) == {p.name for p in (CHART / "crds").glob("*.yaml")}
+
+
+def test_sandbox_policy_keeps_sandboxes_to_their_own_chunks(helm, default):
+    from savepoint.session import SANDBOX_ACCOUNT_PREFIX
+
+    policy = one(default, "ValidatingAdmissionPolicy")
+    binding = one(default, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["configmaps"]}
+    ]
+    # The policy finds the session in the account's name after the operator's prefix.
+    assert f":{SANDBOX_ACCOUNT_PREFIX}[^:]+$" in spec["matchConditions"][0]["expression"]
+    session = next(v for v in spec["variables"] if v["name"] == "session")["expression"]
+    assert session.endswith(f".substring({len(SANDBOX_ACCOUNT_PREFIX)})")
+    fields = [v["messageExpression"].split(":")[0].strip('"') for v in spec["validations"]]
+    assert fields == ["metadata.namespace", "metadata.name", "metadata.labels[savepoint.dev/session]",
+                      "metadata.ownerReferences"]  # fmt: skip
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+    off = render(helm, "sandboxPolicy.enabled=false")
+    assert not kinds(off) & {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}

@@ -15,7 +15,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
-from savepoint.controllers import one_pass
+from savepoint.controllers import one_pass, sandbox
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -70,6 +70,7 @@ def _reconcile(body: dict[str, Any]) -> None:
 
     elog = event_log(body)
     elog.ensure()
+    sandbox.ensure_sandbox_access(body)  # before the Pod, which runs as this account
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
     extra: dict[str, Any] = {}

@@ -1,0 +1,71 @@
+"""A sandbox's own credentials: ensured by the Session reconcile before its Pod.
+
+The ServiceAccount, Role and RoleBinding are named after the session and owned by it,
+so a retry finds what the first try made and deleting the Session deletes them. The
+Role's window of chunk names is widened as the log grows; which window was granted is
+remembered in memory, so a pass usually costs one metadata GET (is the chunk that calls
+for widening there yet?). A restart re-reads the Role.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from savepoint import k8s, sandbox
+from savepoint.eventlog import EventLog
+
+# Session uid -> the highest chunk index its Role is known to cover.
+_granted: dict[str, int] = {}
+_guard = threading.Lock()
+
+
+def _owned_by(obj: dict, body: dict) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == body["metadata"]["uid"] for r in refs)
+
+
+def _check_owner(obj: dict, body: dict) -> None:
+    if not _owned_by(obj, body):
+        kind, name = obj.get("kind") or "object", obj["metadata"]["name"]
+        # One left by an earlier Session of the same name, still being collected.
+        raise kopf.TemporaryError(f"{kind} {name} belongs to another object", delay=2)
+
+
+def ensure_sandbox_access(body: dict[str, Any]) -> str:
+    """Make the sandbox's ServiceAccount, Role and RoleBinding; return the account's name."""
+    meta = body["metadata"]
+    namespace, session, uid = meta["namespace"], meta["name"], meta["uid"]
+    name = sandbox.account_name(session)
+    elog = EventLog(k8s.core(), namespace, session, discovery="names")
+    with _guard:
+        granted = _granted.get(uid)
+    if granted is None:
+        _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
+        newest = elog.newest_chunk()
+        role = k8s.ensure_role(sandbox.build_role(body, sandbox.window(newest)))
+        _check_owner(role, body)
+        granted = sandbox.granted_window(role)
+        _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
+    else:
+        newest = elog.newest_chunk(sandbox.threshold(granted), scan=False)
+    if sandbox.needs_widening(granted, newest):
+        granted = sandbox.window(newest)
+        try:
+            k8s.set_role_rules(namespace, name, sandbox.role_rules(session, granted))
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            forget(uid)  # deleted behind our back: make it again
+            return ensure_sandbox_access(body)
+    with _guard:
+        _granted[uid] = granted
+    return name
+
+
+def forget(uid: str) -> None:
+    with _guard:
+        _granted.pop(uid, None)
