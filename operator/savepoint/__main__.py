@@ -14,18 +14,23 @@ def main() -> None:
     settings = load()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     import savepoint.handlers  # noqa: F401  (registers the handlers)
-    from savepoint import metrics
+    from savepoint import metrics, peering
 
+    metrics.observe_eventlog()
     metrics.serve(settings.metrics_port)
 
-    asyncio.run(
-        kopf.operator(
+    async def run() -> None:
+        metrics.watch_loop(asyncio.get_running_loop())  # /healthz pings the loop kopf runs in
+        await kopf.operator(
             clusterwide=not settings.namespaces,
             namespaces=list(settings.namespaces),
             standalone=not settings.peering,
+            # Our own identity, so peering.is_active() knows which record in the peering is ours.
+            identity=peering.identity(),
             liveness_endpoint=None,
         )
-    )
+
+    asyncio.run(run())
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from savepoint.durations import parse_duration
+from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
 
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
@@ -105,6 +106,7 @@ class SessionView:
     phase: str | None = None
     claim: str | None = None
     storage_class: str | None = None
+    cursor: Cursor | None = None  # the log's end as admission read it (the cut)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -81,6 +81,12 @@ DEFAULT_MAX_CHUNK_BYTES = 900 * 1024
 # the whole chunk, so appends to a near-full 900 KiB chunk are several times slower
 # than to a small one, while small chunks only add objects to a full read.
 DEFAULT_ROLLOVER_BYTES = 64 * 1024
+
+# Optional observers, which the operator sets to count into its metrics
+# (metrics.observe_eventlog); a harness leaves them None. on_append gets each event as it
+# lands, on_conflict is called for each lost optimistic-concurrency race. Must not raise.
+on_append: Callable[[Event], None] | None = None
+on_conflict: Callable[[], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -473,6 +479,7 @@ class EventLog:
         self._lock = threading.RLock()
         self._tail: _Chunk | None = None  # the newest chunk as of our last write to it
         self._hint: int | None = None  # index of the newest chunk we know of
+        self.listed: list[str] = []  # the chunk names the last read() found, oldest first
 
     def __repr__(self) -> str:
         return f"EventLog(namespace={self.namespace!r}, session={self.session!r})"
@@ -524,6 +531,11 @@ class EventLog:
             raise ValueError("from_seq starts at 1")
         if to_seq is not None and to_seq < from_seq:
             return []
+        if from_seq == 1 and to_seq is None and self.discovery != "names":
+            # The whole log: one paged list of the chunks, without the metadata list first.
+            chunks = self._list_chunks(None)
+            metas = [_Meta(c.index, c.name, c.first_seq) for c in chunks]
+            return self._finish_read(metas, chunks, set(), from_seq, to_seq, partial)
         metas = self._list_meta()
         chosen: list[_Meta] = []
         for i, meta in enumerate(metas):
@@ -540,6 +552,17 @@ class EventLog:
             chunks = [c for c in (self._get(m.index) for m in chosen) if c is not None]
         # A chunk listed but gone by the time we fetched it was deleted by retention.
         gone = {m.index for m in chosen} - {c.index for c in chunks}
+        return self._finish_read(metas, chunks, gone, from_seq, to_seq, partial)
+
+    def _finish_read(
+        self,
+        metas: list[_Meta],
+        chunks: list[_Chunk],
+        gone: set[int],
+        from_seq: int,
+        to_seq: int | None,
+        partial: bool,
+    ) -> list[Event]:
         # Chunks created since the listing hold nothing older than what we have.
         while chunks and chunks[-1].sealed and chunks[-1].index == metas[-1].index:
             nxt = self._get(chunks[-1].index + 1)
@@ -548,12 +571,16 @@ class EventLog:
             chunks.append(nxt)
             metas.append(_Meta(nxt.index, nxt.name, nxt.first_seq))
         present = {m.index for m in metas} - gone
+        self.listed = [m.name for m in metas if m.index in present]
         # The log's end is known only when its newest chunk was read; a to_seq below the
         # newest chunk's first seq is inside the log anyway.
         if not metas:
             log_end: int | None = 0
         elif chunks and chunks[-1].index == metas[-1].index:
             log_end = chunks[-1].last_seq
+            # The newest chunk as just read: an append that follows starts from it instead of
+            # listing again (its write is conditional, so a stale one only costs a conflict).
+            self._tail, self._hint = chunks[-1], chunks[-1].index
         else:
             log_end = None
         return self._collect(chunks, present, from_seq, to_seq, log_end, partial)
@@ -782,6 +809,9 @@ class EventLog:
                     continue
                 unsure.clear()
                 written.extend(batch)
+                if on_append is not None:
+                    for event in batch:
+                        on_append(event)
                 pending = pending[len(batch) :]
                 failures = 0
         return written
@@ -808,6 +838,8 @@ class EventLog:
     def _count_conflict(self) -> None:
         with self._lock:
             self.conflicts += 1
+        if on_conflict is not None:
+            on_conflict()
 
     # Backoff after a lost race: full jitter, growing from BACKOFF_BASE to BACKOFF_CAP.
     BACKOFF_BASE = 0.002
@@ -926,14 +958,15 @@ class EventLog:
         metas.sort(key=lambda m: m.index)
         return metas
 
-    def _list_chunks(self, wanted: set[int]) -> list[_Chunk]:
-        """The chunks with these indices (those that exist), by index, in paged lists.
+    def _list_chunks(self, wanted: set[int] | None) -> list[_Chunk]:
+        """The chunks with these indices (those that exist; None: all), by index, in paged lists.
 
         The next page is fetched while this one is parsed: the continue token sits in
         the list's metadata, which the API server writes before the items.
         """
         if self.discovery == "names":
-            return [c for c in (self._get(i) for i in sorted(wanted)) if c is not None]
+            indices = sorted(wanted) if wanted is not None else [m.index for m in self._discover()]
+            return [c for c in (self._get(i) for i in indices) if c is not None]
         page = self._page
 
         def fetch(token: str | None) -> bytes:
@@ -962,7 +995,7 @@ class EventLog:
                     pending = pool.submit(fetch, token) if token else None
                 for item in body.get("items") or []:
                     match = self._name_re.fullmatch(item["metadata"]["name"])
-                    if match and int(match[1]) in wanted:
+                    if match and (wanted is None or int(match[1]) in wanted):
                         found.append(_parse_chunk(item, int(match[1])))
         found.sort(key=lambda c: c.index)
         return found

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -53,8 +54,24 @@ class RateLimiter:
         return wait
 
 
-def _instrument(api: client.ApiClient, limiter: RateLimiter) -> None:
-    """Count and rate-limit every request of this client (typed and raw calls alike)."""
+def with_timeout(args: tuple, kwargs: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """call_api's keyword arguments with `timeout` unless the call set its own.
+
+    call_api(method, url, header_params, body, post_params, _request_timeout): the
+    timeout is the fourth argument after the URL, or a keyword.
+    """
+    if timeout <= 0 or len(args) >= 4 or kwargs.get("_request_timeout") is not None:
+        return kwargs
+    return {**kwargs, "_request_timeout": timeout}
+
+
+# What a request raises when no HTTP answer came back: refused or reset connections,
+# timeouts, retries exhausted (urllib3's MaxRetryError), TLS failures.
+TRANSPORT_ERRORS = (urllib3.exceptions.HTTPError, OSError)
+
+
+def _instrument(api: client.ApiClient, limiter: RateLimiter, timeout: float = 0.0) -> None:
+    """Count, rate-limit and time-bound every request of this client (typed and raw calls alike)."""
     # Every typed and raw (_preload_content=False) call goes through call_api; the
     # kubernetes client 37 ApiClient has no `request` method to wrap.
     send = api.call_api
@@ -64,9 +81,12 @@ def _instrument(api: client.ApiClient, limiter: RateLimiter) -> None:
         if waited:
             metrics.api_throttle_seconds.inc(waited)
         try:
-            response = send(method, url, *args, **kwargs)
+            response = send(method, url, *args, **with_timeout(args, kwargs, timeout))
         except ApiException as err:
             metrics.api_requests.labels(method, str(err.status)).inc()
+            raise
+        except TRANSPORT_ERRORS:
+            metrics.api_requests.labels(method, "error").inc()
             raise
         metrics.api_requests.labels(method, str(getattr(response, "status", 200))).inc()
         return response
@@ -83,7 +103,7 @@ def api_client() -> client.ApiClient:
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         settings = load()
         api = client.ApiClient()
-        _instrument(api, RateLimiter(settings.api_qps, settings.api_burst))
+        _instrument(api, RateLimiter(settings.api_qps, settings.api_burst), settings.api_timeout_seconds)
         return api
 
 
@@ -238,6 +258,21 @@ def delete_custom(plural: str, namespace: str, name: str) -> None:
             raise
 
 
+# --- kopf peering ------------------------------------------------------------------------
+
+
+def get_kopf_peering(name: str, namespace: str | None = None) -> dict | None:
+    """kopf's peering object: a KopfPeering in `namespace`, else the ClusterKopfPeering."""
+    try:
+        if namespace:
+            return custom().get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name)
+        return custom().get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
 # --- CSI snapshots and storage ---------------------------------------------------------
 
 SNAPSHOT_GROUP, SNAPSHOT_VERSION = "snapshot.storage.k8s.io", "v1"
@@ -264,6 +299,15 @@ def ensure_volume_snapshot(body: dict) -> dict:
     return get_volume_snapshot(ns, name) or body
 
 
+def request_volume_snapshot_deletion(namespace: str, name: str) -> None:
+    """Ask for deletion without waiting for it (gone already is fine)."""
+    try:
+        custom().delete_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
 def delete_volume_snapshot(namespace: str, name: str) -> bool:
     """Ask for deletion; True once the snapshot is gone."""
     try:
@@ -275,25 +319,46 @@ def delete_volume_snapshot(namespace: str, name: str) -> bool:
     return get_volume_snapshot(namespace, name) is None
 
 
-def list_volume_snapshot_classes() -> list[dict]:
-    """All VolumeSnapshotClasses; empty when the snapshot CRDs are not installed."""
+_classes: tuple[float, list[dict]] = (float("-inf"), [])
+
+
+def list_volume_snapshot_classes(max_age: float = 0.0) -> list[dict]:
+    """All VolumeSnapshotClasses; empty when the snapshot CRDs are not installed.
+
+    With max_age, a listing at most that many seconds old is reused: admission needs the
+    classes for every checkpoint, and they change about never.
+    """
+    global _classes
+    fetched, items = _classes
+    if time.monotonic() - fetched <= max_age:
+        return items
     try:
         result = custom().list_cluster_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshotclasses")
     except ApiException as err:
         if err.status == 404:
             return []
         raise
-    return result.get("items", [])
+    _classes = (time.monotonic(), result.get("items", []))
+    return _classes[1]
+
+
+# PersistentVolume name -> its CSI driver, which never changes for a volume.
+_volume_drivers: dict[str, str] = {}
 
 
 def csi_driver_of_claim(pvc: dict) -> str | None:
     """The CSI driver behind a claim: its bound PV's driver, else its StorageClass provisioner."""
     volume = (pvc.get("spec") or {}).get("volumeName")
+    if volume in _volume_drivers:
+        return _volume_drivers[volume]
     if volume:
         try:
             pv = _raw(core().read_persistent_volume(volume, _preload_content=False))
             driver = ((pv.get("spec") or {}).get("csi") or {}).get("driver")
             if driver:
+                if len(_volume_drivers) > 50_000:
+                    _volume_drivers.clear()
+                _volume_drivers[volume] = driver
                 return driver
         except ApiException as err:
             if err.status != 404:

@@ -1,8 +1,17 @@
-"""Prometheus metrics, served with /healthz on SAVEPOINT_METRICS_PORT."""
+"""Prometheus metrics, served with /healthz on SAVEPOINT_METRICS_PORT.
+
+/healthz is the liveness probe. It answers 200 `ok` unless (503, saying which):
+- kopf's event loop did not run a no-op within LOOP_TIMEOUT seconds (blocked or gone), or
+- a heartbeat is overdue: the expiry loop's thread beats before every pass, standing by
+  or not, and is overdue after max(10 passes, 30 minutes), which no healthy sweep needs.
+A standby replica (kopf peering) is healthy: it has its event loop and its expiry loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
@@ -29,18 +38,70 @@ api_throttle_seconds = Counter(
 reconcile_errors = Counter("savepoint_reconcile_errors_total", "Reconcile passes that raised", ["kind"])
 reconciles = Counter("savepoint_reconciles_total", "Reconcile passes started", ["kind"])
 reconciles_in_flight = Gauge("savepoint_reconciles_in_flight", "Reconcile passes running now", ["kind"])
+peering_active = Gauge("savepoint_peering_active", "1 on the active replica, 0 on a standby (kopf peering)")
+
+
+def observe_eventlog() -> None:
+    """Count the event log's appends and lost races (savepoint.eventlog knows no metrics)."""
+    from savepoint import eventlog
+
+    eventlog.on_append = lambda event: log_appends.labels(event.type).inc()
+    eventlog.on_conflict = log_conflicts.inc
+
+
+# --- liveness -------------------------------------------------------------------------
+
+LOOP_TIMEOUT = 3.0
+_loop: asyncio.AbstractEventLoop | None = None
+_beats: dict[str, tuple[float, float]] = {}  # name -> (monotonic time of the last beat, max age)
+
+
+def watch_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """The event loop kopf runs in, which /healthz pings."""
+    global _loop
+    _loop = loop
+
+
+def beat(name: str, max_age: float) -> None:
+    """`name` is alive now; /healthz fails if it does not beat again within max_age seconds."""
+    _beats[name] = (time.monotonic(), max_age)
+
+
+def loop_responsive(loop: asyncio.AbstractEventLoop, timeout: float) -> bool:
+    """Whether `loop` runs a no-op scheduled from this thread within `timeout` seconds."""
+    done = threading.Event()
+    try:
+        loop.call_soon_threadsafe(done.set)
+    except RuntimeError:  # closed
+        return False
+    return done.wait(timeout)
+
+
+def health_problems(now: float | None = None) -> list[str]:
+    """What makes this process unhealthy now; empty when healthy."""
+    now = time.monotonic() if now is None else now
+    problems = []
+    if _loop is not None and not loop_responsive(_loop, LOOP_TIMEOUT):
+        problems.append(f"the event loop did not answer within {LOOP_TIMEOUT:g}s")
+    for name, (last, max_age) in sorted(_beats.items()):
+        if now - last > max_age:
+            problems.append(f"{name} last beat {now - last:.0f}s ago (allowed {max_age:.0f}s)")
+    return problems
 
 
 class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        code = 200
         if self.path.startswith("/healthz"):
-            body, ctype = b"ok\n", "text/plain"
+            problems = health_problems()
+            code = 503 if problems else 200
+            body, ctype = ("; ".join(problems) if problems else "ok").encode() + b"\n", "text/plain"
         elif self.path.startswith("/metrics"):
             body, ctype = generate_latest(), CONTENT_TYPE_LATEST
         else:
             self.send_error(404)
             return
-        self.send_response(200)
+        self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

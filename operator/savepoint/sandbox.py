@@ -34,6 +34,14 @@ def chunk_name(session: str, index: int) -> str:
     return f"{session}-log-{index:06d}"
 
 
+def chunk_index(name: str) -> int:
+    """The index in a chunk's name (`<session>-log-000042` -> 42)."""
+    match = _CHUNK_RE.search(name)
+    if match is None:
+        raise ValueError(f"{name!r} is not an event-log chunk name")
+    return int(match[1])
+
+
 def window(newest: int, lookahead: int = LOOKAHEAD) -> int:
     """The highest chunk index the Role should cover for a log whose newest chunk is `newest`."""
     return max(1, newest) + lookahead

@@ -151,12 +151,27 @@ class Observed:
     approval_pending: bool
     runs: int
     last_run_completed: int = 0  # seq of the newest run.completed in the effective history
+    latest_checkpoint: str | None = None  # named by the log's newest checkpoint.created
 
 
 def pod_phase(pod: dict | None) -> str | None:
     if pod is None or pod.get("metadata", {}).get("deletionTimestamp"):
         return None
     return (pod.get("status") or {}).get("phase")
+
+
+def child_digest(obj: dict[str, Any]) -> tuple:
+    """What a Session pass reads from its Pod or claim. Other changes (the snapshot
+    controller's finalizer on a claim being snapshotted, our own annotations) leave it
+    as it is, and need no pass."""
+    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+    return (
+        meta.get("uid"),
+        bool(meta.get("deletionTimestamp")),
+        status.get("phase"),
+        (obj.get("spec") or {}).get("volumeName"),
+        tuple(sorted(r.get("uid", "") for r in meta.get("ownerReferences") or [])),
+    )
 
 
 def pvc_bound(pvc: dict | None) -> bool:
@@ -247,4 +262,6 @@ def build_status(
             "lastEventId": seen.log_cursor[1],
             "chunks": seen.log_chunks,
         }
+    if seen.latest_checkpoint:
+        status["latestCheckpoint"] = seen.latest_checkpoint
     return status

@@ -358,3 +358,9 @@ def test_metrics_count_transitions(operator, s1, crds, namespace):
     rejected = dict(phase="Rejected", reason="SessionNotFound")
     assert _sample(after, name, **rejected) == _sample(before, name, **rejected) + 1
     assert _sample(after, "savepoint_checkpoint_duration_seconds_count") >= 1
+    # The Ready checkpoint's cut is one checkpoint.created event the operator appended.
+    appends = dict(type="checkpoint.created")
+    assert _sample(after, "savepoint_eventlog_appends_total", **appends) == (
+        _sample(before, "savepoint_eventlog_appends_total", **appends) + 1
+    )
+    assert "savepoint_eventlog_conflicts_total " in after

@@ -219,6 +219,7 @@ ALLOWED = [
     ("patch", GROUP, "sessions", "status", True),
     ("create", "snapshot.storage.k8s.io", "volumesnapshots", "", True),
     ("patch", "kopf.dev", "kopfpeerings", "", True),
+    ("get", "kopf.dev", "kopfpeerings", "", True),  # peering.is_active()
     ("watch", "apiextensions.k8s.io", "customresourcedefinitions", "", False),
 ]
 DENIED = [

@@ -167,6 +167,7 @@ def test_two_replicas_with_peering(default):
     deployment = one(default, "Deployment")
     assert deployment["spec"]["replicas"] == 2
     assert env(default)["SAVEPOINT_PEERING"] == RELEASE
+    assert env(default)["SAVEPOINT_PEERING_LIFETIME"] == "60"
     assert one(default, "ClusterKopfPeering")["metadata"]["name"] == RELEASE
     assert env(default)["SAVEPOINT_NAMESPACES"] == ""
 

@@ -9,8 +9,9 @@ Checkpoint, so a restart at any line resumes where it stopped.
 from __future__ import annotations
 
 import logging
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -40,7 +41,7 @@ from savepoint.config import Settings, load
 from savepoint.controllers import object_lock, one_pass
 from savepoint.controllers.session import event_log
 from savepoint.errors import EventLogError
-from savepoint.eventlog import effective_history, summarize
+from savepoint.eventlog import Cursor, effective_history, summarize
 from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
 from savepoint.session import SESSION_LABEL, owner_reference
 
@@ -89,6 +90,13 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> None:
 # --- admission ------------------------------------------------------------------------
 
 
+def _snapshot_class(driver: str | None, wanted: str | None) -> str | None:
+    """The class to snapshot with, from a listing up to 30 s old; a miss looks again fresh,
+    so a class made a moment ago is found (one deleted since shows as the snapshot's error)."""
+    found = pick_snapshot_class(k8s.list_volume_snapshot_classes(max_age=30), driver, wanted)
+    return found or pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
+
+
 def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings):
     """Everything admit() needs, read from the cluster; shared with the webhook."""
     ns = k8s.get_namespace(namespace)
@@ -97,12 +105,16 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
     view = SessionView(exists=False)
     snapshot_class = None
     if session is not None:
+        view_cursor = None
         status = session.get("status") or {}
         phase = status.get("phase")
         if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
             # The status can lag the log by a moment; the log decides whether a run is in flight.
             try:
-                summary = summarize(effective_history(event_log(session).read(partial=True)))
+                events = event_log(session).read(partial=True)
+                # The cut is the log as checked: no second read for the cursor.
+                view_cursor = Cursor(events[-1].seq, events[-1].id) if events else Cursor(0, "")
+                summary = summarize(effective_history(events))
                 if summary["approval_pending"]:
                     phase = SessionPhase.AWAITING_APPROVAL
                 elif summary["run_in_flight"]:
@@ -115,8 +127,8 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         pvc = k8s.get_pvc(namespace, claim) if claim else None
         driver = k8s.csi_driver_of_claim(pvc) if pvc else None
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
-        snapshot_class = pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
-        view = SessionView(exists=True, phase=phase, claim=claim)
+        snapshot_class = _snapshot_class(driver, wanted)
+        view = SessionView(exists=True, phase=phase, claim=claim, cursor=view_cursor)
     if policy.max_checkpoints is None and policy.max_checkpoint_bytes is None:
         # No quota to check: skip listing every checkpoint in the namespace, which costs
         # O(checkpoints) per admission and dominated admission at thousands of them.
@@ -174,7 +186,7 @@ def _admit(body: dict, settings: Settings) -> None:
             }
         },
     )
-    cursor = event_log(session).cursor()
+    cursor = view.cursor or event_log(session).cursor()
     created = _now()
     session_spec = session.get("spec") or {}
     _write(
@@ -206,7 +218,8 @@ def _progress(body: dict, settings: Settings) -> None:
     meta, status = body["metadata"], body["status"]
     namespace = meta["namespace"]
     vs_name = status.get("volumeSnapshotName") or snapshot_name(meta["name"])
-    snapshot = k8s.get_volume_snapshot(namespace, vs_name)
+    # Admitted in this very pass: nothing made it yet (and creating is safe to repeat).
+    snapshot = None if "_claim" in status else k8s.get_volume_snapshot(namespace, vs_name)
     if snapshot is None:
         claim, snapshot_class = status.get("_claim"), status.get("_class")
         if claim is None:
@@ -214,9 +227,7 @@ def _progress(body: dict, settings: Settings) -> None:
             claim = (session.get("status") or {}).get("workspaceClaimName")
             pvc = k8s.get_pvc(namespace, claim) if claim else None
             wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
-            snapshot_class = pick_snapshot_class(
-                k8s.list_volume_snapshot_classes(), k8s.csi_driver_of_claim(pvc) if pvc else None, wanted
-            )
+            snapshot_class = _snapshot_class(k8s.csi_driver_of_claim(pvc) if pvc else None, wanted)
         if claim is None or snapshot_class is None:
             _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
             return
@@ -256,7 +267,14 @@ def _fail(body: dict, reason: FailReason, message: str) -> None:
 
 def _become_ready(body: dict, restore_size: str | None) -> None:
     meta, status, spec = body["metadata"], body["status"], body["spec"]
-    session = k8s.get_custom("sessions", meta["namespace"], spec["sessionName"])
+    # The owner reference admission set names the session's uid: enough to write its log.
+    refs = meta.get("ownerReferences") or []
+    owner = next((r for r in refs if r.get("kind") == "Session" and r["name"] == spec["sessionName"]), None)
+    session = (
+        {"metadata": {"namespace": meta["namespace"], "name": owner["name"], "uid": owner["uid"]}}
+        if owner
+        else k8s.get_custom("sessions", meta["namespace"], spec["sessionName"])
+    )
     if session is not None:
         elog = event_log(session)
         if not _already_logged(elog, meta["uid"], status.get("throughSequence") or 0):
@@ -270,7 +288,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
                     "label": spec.get("label"),
                 },
             )
-        k8s.patch_status("sessions", meta["namespace"], spec["sessionName"], {"latestCheckpoint": meta["name"]})
+        # The Session's own pass, woken by this append, sets status.latestCheckpoint from the log.
     ready_at = _now()
     snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
     metrics.checkpoint_seconds.observe(snapshot_ms / 1000)
@@ -301,11 +319,16 @@ def _already_logged(elog, uid: str, through: int) -> bool:
 
 
 def expire(body: dict) -> bool:
-    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired; True when done."""
+    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired; True when done.
+
+    It does not wait for the snapshot to go: the deletion is asked for (the snapshot
+    controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
+    is deleted), so a storm of expiries costs one round of requests each.
+    """
     meta, status = body["metadata"], body.get("status") or {}
     vs_name = status.get("volumeSnapshotName")
-    if vs_name and not k8s.delete_volume_snapshot(meta["namespace"], vs_name):
-        return False  # deletion under way; the next pass finishes
+    if vs_name:
+        k8s.request_volume_snapshot_deletion(meta["namespace"], vs_name)
     message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
     metrics.expiries.inc()
     _write(
@@ -320,6 +343,75 @@ def expire(body: dict) -> bool:
         event=("Expired", message),
     )
     return True
+
+
+class ExpiryQueue:
+    """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
+    costs no request: (namespace, name) -> (when it is due, what to do then).
+
+    A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired one for
+    deletion at expiresAt + the grace period. Taking an entry removes it; the watch event
+    of what was done (or of anything else that changes it) puts it back as it now is.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[datetime, str]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def clock(body: dict) -> tuple[datetime, str] | None:
+        """(expiresAt, phase) of a checkpoint with an expiry clock running, else None."""
+        status = body.get("status") or {}
+        phase, expires = status.get("phase"), status.get("expiresAt")
+        if body["metadata"].get("deletionTimestamp") or not expires:
+            return None
+        if phase not in (CheckpointPhase.READY, CheckpointPhase.PENDING, CheckpointPhase.EXPIRED):
+            return None
+        try:
+            return parse_time(expires), str(phase)
+        except ValueError:
+            return None
+
+    def due_action(self, body: dict, now: datetime, grace: timedelta) -> str | None:
+        """ "expire", "delete" or None for this checkpoint as it is now."""
+        clock = self.clock(body)
+        if clock is None:
+            return None
+        expires, phase = clock
+        if phase == CheckpointPhase.EXPIRED:
+            return "delete" if expires + grace <= now else None
+        return "expire" if expires <= now else None
+
+    def observe(self, event_type: str | None, body: dict) -> None:
+        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        clock = None if event_type == "DELETED" else self.clock(body)
+        with self._lock:
+            if clock is None:
+                self._entries.pop(key, None)
+            else:
+                self._entries[key] = clock
+
+    def take_due(self, now: datetime, grace: timedelta) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(keys to expire, keys to delete) due at `now`, removed from the queue."""
+        expire: list[tuple[str, str]] = []
+        delete: list[tuple[str, str]] = []
+        with self._lock:
+            for key, (expires, phase) in list(self._entries.items()):
+                if phase == CheckpointPhase.EXPIRED:
+                    if expires + grace <= now:
+                        delete.append(key)
+                        del self._entries[key]
+                elif expires <= now:
+                    expire.append(key)
+                    del self._entries[key]
+        expire.sort(key=lambda k: k)
+        return expire, delete
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+expiry_queue = ExpiryQueue()
 
 
 # Expiries run on a small work queue: a storm of thousands due at once is done in
@@ -339,28 +431,55 @@ def _expire_logged(body: dict) -> bool:
         return False
 
 
+def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:
+    """Expire one checkpoint the queue says is due, after reading it again: the queue's
+    entry may be a moment old (a rollback can move expiresAt)."""
+    body = k8s.get_custom("checkpoints", *key)
+    if body is None or expiry_queue.due_action(body, _now(), settings.expired_grace) != "expire":
+        return False
+    return _expire_logged(body)
+
+
+def _expire_all(due: list[dict]) -> int:
+    if len(due) == 1:
+        return int(_expire_logged(due[0]))
+    with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
+        return sum(pool.map(_expire_logged, due))
+
+
 def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
-    """One pass over every checkpoint: expire the overdue, delete Expired past the grace."""
+    """One pass over every checkpoint, listed: expire the overdue, delete Expired past the
+    grace. Run once at start-up; afterwards drain() works from the watch-fed queue."""
     now = now or _now()
     counts = {"expired": 0, "deleted": 0}
     due: list[dict] = []
     namespaces = settings.namespaces or (None,)
     for namespace in namespaces:
         for body in k8s.list_custom("checkpoints", namespace):
-            status = body.get("status") or {}
-            phase, expires = status.get("phase"), status.get("expiresAt")
-            if body["metadata"].get("deletionTimestamp") or not expires:
-                continue
-            if phase in (CheckpointPhase.READY, CheckpointPhase.PENDING) and parse_time(expires) <= now:
+            action = expiry_queue.due_action(body, now, settings.expired_grace)
+            if action == "expire":
                 due.append(body)
-            elif phase == CheckpointPhase.EXPIRED and parse_time(expires) + settings.expired_grace <= now:
+            elif action == "delete":
                 k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
                 counts["deleted"] += 1
-    if len(due) == 1:
-        counts["expired"] += _expire_logged(due[0])
-    elif due:
+    if due:
+        counts["expired"] += _expire_all(due)
+    return counts
+
+
+def drain(settings: Settings, now: datetime | None = None) -> dict[str, int]:
+    """Expire and delete what the queue says is due: no listing, a GET per due checkpoint."""
+    now = now or _now()
+    to_expire, to_delete = expiry_queue.take_due(now, settings.expired_grace)
+    counts = {"expired": 0, "deleted": 0}
+    for namespace, name in to_delete:
+        k8s.delete_custom("checkpoints", namespace, name)
+        counts["deleted"] += 1
+    if len(to_expire) == 1:
+        counts["expired"] += _expire_fresh(to_expire[0], settings)
+    elif to_expire:
         with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
-            counts["expired"] += sum(pool.map(_expire_logged, due))
+            counts["expired"] += sum(pool.map(lambda key: _expire_fresh(key, settings), to_expire))
     return counts
 
 

@@ -3,8 +3,8 @@
 The ServiceAccount, Role and RoleBinding are named after the session and owned by it,
 so a retry finds what the first try made and deleting the Session deletes them. The
 Role's window of chunk names is widened as the log grows; which window was granted is
-remembered in memory, so a pass usually costs one metadata GET (is the chunk that calls
-for widening there yet?). A restart re-reads the Role.
+remembered in memory and compared with the chunk listing the Session pass makes anyway,
+so a pass usually costs no request here. A restart re-reads the Role.
 """
 
 from __future__ import annotations
@@ -35,23 +35,28 @@ def _check_owner(obj: dict, body: dict) -> None:
         raise kopf.TemporaryError(f"{kind} {name} belongs to another object", delay=2)
 
 
-def ensure_sandbox_access(body: dict[str, Any]) -> str:
-    """Make the sandbox's ServiceAccount, Role and RoleBinding; return the account's name."""
+def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> str:
+    """Make the sandbox's ServiceAccount, Role and RoleBinding; return the account's name.
+
+    `newest` is the log's newest chunk index when the caller has just listed it: then
+    widening costs no request unless the Role must grow. Without it, a Role already made
+    by this process is left as it is (the pass's end widens it from its own listing).
+    """
     meta = body["metadata"]
     namespace, session, uid = meta["namespace"], meta["name"], meta["uid"]
     name = sandbox.account_name(session)
-    elog = EventLog(k8s.core(), namespace, session, discovery="names")
     with _guard:
         granted = _granted.get(uid)
     if granted is None:
         _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
-        newest = elog.newest_chunk()
+        if newest is None:
+            newest = EventLog(k8s.core(), namespace, session, discovery="names").newest_chunk()
         role = k8s.ensure_role(sandbox.build_role(body, sandbox.window(newest)))
         _check_owner(role, body)
         granted = sandbox.granted_window(role)
         _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
-    else:
-        newest = elog.newest_chunk(sandbox.threshold(granted), scan=False)
+    elif newest is None:
+        return name
     if sandbox.needs_widening(granted, newest):
         granted = sandbox.window(newest)
         try:
@@ -60,7 +65,7 @@ def ensure_sandbox_access(body: dict[str, Any]) -> str:
             if err.status != 404:
                 raise
             forget(uid)  # deleted behind our back: make it again
-            return ensure_sandbox_access(body)
+            return ensure_sandbox_access(body, newest)
     with _guard:
         _granted[uid] = granted
     return name

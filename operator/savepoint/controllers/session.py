@@ -8,6 +8,7 @@ what it observes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
 from savepoint.models import OperatingMode, SessionSpec
+from savepoint.sandbox import chunk_index
 from savepoint.session import (
     POD_BOOT_MS,
     POD_CREATED_MS,
@@ -28,6 +30,7 @@ from savepoint.session import (
     build_pod,
     build_pvc,
     build_status,
+    child_digest,
     claim_name,
     owner_reference,
     pod_name,
@@ -51,6 +54,26 @@ def _owned_by(obj: dict | None, body: dict) -> bool:
     return any(r.get("uid") == body["metadata"]["uid"] for r in refs)
 
 
+# (kind, namespace, name) of each Pod and claim seen -> child_digest() of it when last seen.
+_children: dict[tuple[str, str, str], tuple] = {}
+_children_guard = threading.Lock()
+
+
+def child_changed(kind: str, event_type: str | None, obj: dict[str, Any]) -> bool:
+    """Whether a watch event on a Session's Pod or claim changes what a Session pass reads."""
+    meta = obj.get("metadata") or {}
+    key = (kind, meta.get("namespace", ""), meta.get("name", ""))
+    with _children_guard:
+        if event_type == "DELETED":
+            _children.pop(key, None)
+            return True
+        digest = child_digest(obj)
+        if _children.get(key) == digest:
+            return False
+        _children[key] = digest
+        return True
+
+
 def reconcile_session(namespace: str, name: str) -> None:
     def reconcile() -> None:
         body = k8s.get_custom("sessions", namespace, name)
@@ -69,7 +92,8 @@ def _reconcile(body: dict[str, Any]) -> None:
     annotations = meta.get("annotations") or {}
 
     elog = event_log(body)
-    elog.ensure()
+    if not (old_status.get("eventLog") or {}).get("chunks"):
+        elog.ensure()  # afterwards the log's own reads notice a chunk gone missing
     sandbox.ensure_sandbox_access(body)  # before the Pod, which runs as this account
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
@@ -133,6 +157,9 @@ def _reconcile(body: dict[str, Any]) -> None:
             pvc = None
 
     seen = _observe_log(elog, pod, pvc)
+    if elog.listed:
+        # Widen the sandbox's Role from this pass's own listing: no request unless it must grow.
+        sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
     status = build_status(body, spec, seen, claim)
     if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
         _override_ready(status, meta, "Provisioning", hold[0], hold[1])
@@ -171,6 +198,8 @@ def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: 
 def _commit(body: dict, status: dict) -> None:
     meta = body["metadata"]
     old_status = body.get("status") or {}
+    if all(old_status.get(key) == value for key, value in status.items()):
+        return  # nothing changed: a write would only wake every watcher of Sessions
     k8s.patch_status("sessions", meta["namespace"], meta["name"], status)
     if status["phase"] != old_status.get("phase"):
         ready = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
@@ -337,6 +366,21 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     }
 
 
+def latest_checkpoint(events: list) -> str | None:
+    """The checkpoint named by the log's newest checkpoint.created of this session.
+
+    The whole log, not the effective history: a checkpoint cut on a branch a rollback
+    closed was still the newest one taken. A fork's log starts with its parent's prefix,
+    whose checkpoints are the parent's: those end at session.forked.
+    """
+    for event in reversed(events):
+        if event.type == "session.forked":
+            return None
+        if event.type == "checkpoint.created":
+            return event.data.get("checkpoint")
+    return None
+
+
 def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
     try:
         events = elog.read(partial=True)
@@ -344,16 +388,18 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed
         summary = summarize(history)
         last = events[-1] if events else None
         completed = [e.seq for e in history if e.type == "run.completed"]
+        latest = latest_checkpoint(events)
         return Observed(
             pod=pod,
             pvc=pvc,
             log_cursor=(last.seq, last.id) if last else (0, ""),
-            log_chunks=len(elog.chunk_names()),
+            log_chunks=len(elog.listed),
             log_error=None,
             run_in_flight=summary["run_in_flight"],
             approval_pending=summary["approval_pending"],
             runs=summary["runs"],
             last_run_completed=completed[-1] if completed else 0,
+            latest_checkpoint=latest,
         )
     except EventLogError as err:
         return Observed(

@@ -6,6 +6,7 @@ import threading
 
 import kopf
 
+from savepoint import metrics, peering
 from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
 from savepoint.config import load
 from savepoint.controllers import checkpoint
@@ -36,6 +37,7 @@ PENDING_POLL_SECONDS = min(30.0, max(5.0, settings.snapshot_timeout.total_second
 @kopf.timer(
     *CHECKPOINTS,
     interval=PENDING_POLL_SECONDS,
+    initial_delay=PENDING_POLL_SECONDS,  # the create handler has just done a pass
     id="checkpoint_pending_poll",
     when=lambda status, **_: status.get("phase") in (None, "Pending"),
 )
@@ -88,15 +90,29 @@ def checkpoint_release(body: kopf.Body, **_: object) -> None:
     checkpoint.release(dict(body))
 
 
+@kopf.on.event(*CHECKPOINTS, id="checkpoint_expiry_clock")
+async def checkpoint_expiry_clock(type: str | None, body: kopf.Body, **_: object) -> None:
+    # In the event loop, not a worker thread: it only files the clock in memory.
+    checkpoint.expiry_queue.observe(type, dict(body))
+
+
 @kopf.on.startup()
 def checkpoint_expiry_loop(**_: object) -> None:
-    """One sweep at start-up (overdue checkpoints expire at once), then every few seconds."""
+    """A full sweep at start-up (overdue checkpoints expire at once), then the due ones every few seconds."""
     stop = threading.Event()
 
     def loop() -> None:
+        listed = False  # whether this replica has swept a full listing since it became active
         while not stop.is_set():
+            metrics.beat("expiry loop", max(10 * settings.expiry_interval_seconds, 1800))
             try:
-                checkpoint.sweep(settings)
+                if not peering.is_active(settings):  # a standby replica leaves expiry to the active one
+                    listed = False
+                elif not listed:
+                    checkpoint.sweep(settings)  # overdue at start-up (or take-over) expire at once
+                    listed = True
+                else:
+                    checkpoint.drain(settings)  # then only what the watch-fed queue says is due
             except Exception:  # the loop outlives any one failure
                 checkpoint.log.exception("checkpoint expiry sweep failed")
             stop.wait(settings.expiry_interval_seconds)

@@ -42,5 +42,9 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
     if config.peering:
         settings.peering.name = config.peering
         settings.peering.mandatory = True
+        # kopf pauses every replica that sees a live peer of the same or a higher priority:
+        # with equal priorities all replicas would pause. peering.is_active() reads the same.
+        settings.peering.priority = config.peering_priority
+        settings.peering.lifetime = config.peering_lifetime_seconds
     else:
         settings.peering.standalone = True

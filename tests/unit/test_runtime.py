@@ -1,0 +1,217 @@
+"""The operator's runtime plumbing without a cluster: peering decisions, the API client's
+timeout and error counting, /healthz, and the event log's metric hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import urllib3
+from kubernetes import client
+
+from savepoint import eventlog, k8s, metrics
+from savepoint.config import Settings
+from savepoint.peering import blocking_peers, decide
+
+NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def peer(priority: int, seen_ago: float = 0, lifetime: int = 60) -> dict:
+    return {"priority": priority, "lifetime": lifetime, "lastseen": (NOW - timedelta(seconds=seen_ago)).isoformat()}
+
+
+# --- peering ------------------------------------------------------------------------
+
+
+def test_the_highest_live_priority_is_active_and_the_others_stand_by():
+    status = {"a": peer(10), "b": peer(20)}
+    assert decide([{"status": status}], "b", 20, NOW)
+    assert not decide([{"status": status}], "a", 10, NOW)
+    assert blocking_peers(status, "a", 10, NOW) == ["b"]
+
+
+def test_an_equal_priority_blocks_both_as_kopf_does():
+    status = {"a": peer(5), "b": peer(5)}
+    assert not decide([{"status": status}], "a", 5, NOW)
+    assert not decide([{"status": status}], "b", 5, NOW)
+
+
+def test_a_dead_peer_does_not_block():
+    status = {"a": peer(10), "b": peer(20, seen_ago=61, lifetime=60)}
+    assert decide([{"status": status}], "a", 10, NOW)
+    status["b"] = peer(20, seen_ago=59, lifetime=60)
+    assert not decide([{"status": status}], "a", 10, NOW)
+
+
+def test_a_record_without_lastseen_or_lifetime_is_read_as_kopf_reads_it():
+    # kopf: no lastseen means "now"; no lifetime means 60 s.
+    assert blocking_peers({"x": {"priority": 7}}, "me", 1, NOW) == ["x"]
+    old = (NOW - timedelta(seconds=61)).isoformat()
+    assert blocking_peers({"x": {"priority": 7, "lastseen": old}}, "me", 1, NOW) == []
+
+
+def test_a_missing_peering_object_or_any_blocked_namespace_means_standby():
+    assert decide([{"status": {}}, {}], "me", 1, NOW)
+    assert not decide([None], "me", 1, NOW)
+    assert not decide([{"status": {}}, {"status": {"x": peer(9)}}], "me", 1, NOW)
+    assert decide([], "me", 1, NOW)
+
+
+def test_priority_is_random_per_process_but_stable_within_it(monkeypatch):
+    monkeypatch.delenv("SAVEPOINT_PEERING_PRIORITY", raising=False)
+    assert Settings().peering_priority == Settings().peering_priority > 0
+    monkeypatch.setenv("SAVEPOINT_PEERING_PRIORITY", "42")
+    monkeypatch.setenv("SAVEPOINT_PEERING_LIFETIME", "7")
+    assert (Settings().peering_priority, Settings().peering_lifetime_seconds) == (42, 7)
+
+
+# --- the API client -------------------------------------------------------------------
+
+
+def test_default_timeout_only_where_the_call_set_none():
+    assert k8s.with_timeout((), {}, 30) == {"_request_timeout": 30}
+    assert k8s.with_timeout((), {"_request_timeout": None}, 30) == {"_request_timeout": 30}
+    assert k8s.with_timeout((), {"_request_timeout": 5}, 30) == {"_request_timeout": 5}
+    assert k8s.with_timeout(({}, None, None, 5), {}, 30) == {}
+    assert k8s.with_timeout((), {}, 0) == {}
+
+
+def _client(port: int, timeout: float) -> client.CoreV1Api:
+    conf = client.Configuration(host=f"http://127.0.0.1:{port}")
+    conf.retries = 0
+    api = client.ApiClient(conf)
+    k8s._instrument(api, k8s.RateLimiter(0, 1), timeout)
+    return client.CoreV1Api(api)
+
+
+def _errors() -> float:
+    return metrics.api_requests.labels("GET", "error")._value.get()
+
+
+def test_a_refused_connection_is_counted_as_an_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    before = _errors()
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        _client(port, 5).read_namespace("default")
+    assert _errors() == before + 1
+
+
+def test_a_hung_server_times_out_instead_of_holding_the_thread():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()  # accepts (in the kernel) and never answers
+        before, started = _errors(), time.monotonic()
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            _client(server.getsockname()[1], 0.5).read_namespace("default")
+        assert time.monotonic() - started < 5
+    assert _errors() == before + 1
+
+
+# --- /healthz -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def health(monkeypatch):
+    monkeypatch.setattr(metrics, "_beats", {})
+    monkeypatch.setattr(metrics, "_loop", None)
+    monkeypatch.setattr(metrics, "LOOP_TIMEOUT", 0.5)
+    server = metrics.serve(_free_port(), "127.0.0.1")
+    assert server is not None
+    yield f"http://127.0.0.1:{server.server_address[1]}/healthz"
+    server.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_healthz_follows_the_event_loop(health):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    metrics.watch_loop(loop)
+    assert _get(health) == (200, "ok\n")
+    release = threading.Event()
+    loop.call_soon_threadsafe(release.wait)  # a handler that blocks the loop
+    code, body = _get(health)
+    assert code == 503 and "event loop" in body
+    release.set()
+    assert _get(health) == (200, "ok\n")
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    loop.close()
+    assert _get(health)[0] == 503
+
+
+def test_healthz_fails_on_an_overdue_heartbeat(health):
+    metrics.beat("expiry loop", 60)
+    assert _get(health) == (200, "ok\n")
+    metrics._beats["expiry loop"] = (time.monotonic() - 61, 60)
+    code, body = _get(health)
+    assert code == 503 and "expiry loop" in body
+
+
+# --- event log hooks ----------------------------------------------------------------
+
+
+class _Response:
+    def __init__(self, body: dict) -> None:
+        self.data = json.dumps(body).encode()
+
+
+class _OneChunk:
+    """A CoreV1Api stand-in holding one log chunk; the first patch loses a race (409)."""
+
+    def __init__(self) -> None:
+        self.version, self.data, self.raced = 1, {}, False
+
+    def _body(self) -> dict:
+        meta = {"name": "s-log-000001", "resourceVersion": str(self.version),
+                "annotations": {eventlog.FIRST_SEQ_ANNOTATION: "1"}}  # fmt: skip
+        return {"metadata": meta, "data": dict(self.data)}
+
+    def list_namespaced_config_map(self, *args, **kwargs) -> _Response:
+        return _Response({"metadata": {}, "items": [self._body()]})
+
+    def read_namespaced_config_map(self, *args, **kwargs) -> _Response:
+        return _Response(self._body())
+
+    def patch_namespaced_config_map(self, name, namespace, body, **kwargs) -> _Response:
+        if not self.raced:
+            self.raced = True
+            self.version += 1  # another writer got there first
+            raise client.ApiException(status=409)
+        self.version += 1
+        self.data.update(body["data"])
+        return _Response(self._body())
+
+
+def test_the_operator_counts_event_log_appends_and_conflicts(monkeypatch):
+    monkeypatch.setattr(eventlog, "on_append", None)
+    monkeypatch.setattr(eventlog, "on_conflict", None)
+    metrics.observe_eventlog()
+    appended = metrics.log_appends.labels("unit.test")._value.get()
+    conflicts = metrics.log_conflicts._value.get()
+    log = eventlog.EventLog(_OneChunk(), "ns", "s")
+    log.append_many([("unit.test", {}), ("unit.test", {"n": 2})])
+    assert metrics.log_appends.labels("unit.test")._value.get() == appended + 2
+    assert metrics.log_conflicts._value.get() == conflicts + 1

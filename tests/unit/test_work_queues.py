@@ -1,0 +1,91 @@
+"""The in-memory queues that spare the API server: the expiry clock and the child-event filter."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from savepoint.controllers.checkpoint import ExpiryQueue
+from savepoint.controllers.session import child_changed
+from savepoint.session import child_digest
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+GRACE = timedelta(days=7)
+
+
+def checkpoint(name: str, phase: str | None, expires: datetime | None, deleting: bool = False) -> dict:
+    meta: dict = {"namespace": "ns", "name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T11:00:00Z"
+    status = {"phase": phase} if phase else {}
+    if expires:
+        status["expiresAt"] = expires.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"metadata": meta, "status": status}
+
+
+def test_expiry_queue_takes_only_what_is_due_and_forgets_it():
+    queue = ExpiryQueue()
+    queue.observe("ADDED", checkpoint("overdue", "Ready", NOW - timedelta(seconds=1)))
+    queue.observe("ADDED", checkpoint("pending-overdue", "Pending", NOW))
+    queue.observe("ADDED", checkpoint("later", "Ready", NOW + timedelta(hours=1)))
+    queue.observe("ADDED", checkpoint("rejected", "Rejected", NOW - timedelta(days=1)))
+    queue.observe("ADDED", checkpoint("going", "Ready", NOW - timedelta(days=1), deleting=True))
+    queue.observe("ADDED", checkpoint("old-expired", "Expired", NOW - GRACE - timedelta(seconds=1)))
+    queue.observe("ADDED", checkpoint("new-expired", "Expired", NOW - timedelta(days=1)))
+    assert len(queue) == 5  # Rejected and deleting checkpoints have no clock
+
+    expire, delete = queue.take_due(NOW, GRACE)
+    assert expire == [("ns", "overdue"), ("ns", "pending-overdue")]
+    assert delete == [("ns", "old-expired")]
+    assert queue.take_due(NOW, GRACE) == ([], [])  # taken: not handed out twice
+    assert len(queue) == 2
+
+
+def test_expiry_queue_follows_the_watch():
+    queue = ExpiryQueue()
+    queue.observe("ADDED", checkpoint("c", "Ready", NOW + timedelta(hours=1)))
+    # A rollback to it moved expiresAt: the newer clock wins.
+    queue.observe("MODIFIED", checkpoint("c", "Ready", NOW - timedelta(seconds=5)))
+    assert queue.take_due(NOW, GRACE)[0] == [("ns", "c")]
+    queue.observe("MODIFIED", checkpoint("c", "Expired", NOW - timedelta(seconds=5)))
+    assert queue.take_due(NOW + GRACE, GRACE)[1] == [("ns", "c")]
+    queue.observe("MODIFIED", checkpoint("d", "Ready", NOW))
+    queue.observe("DELETED", checkpoint("d", "Ready", NOW))
+    assert queue.take_due(NOW, GRACE) == ([], [])
+
+
+def test_due_action_reads_one_body():
+    queue = ExpiryQueue()
+    assert queue.due_action(checkpoint("a", "Ready", NOW), NOW, GRACE) == "expire"
+    assert queue.due_action(checkpoint("a", "Ready", NOW + timedelta(seconds=1)), NOW, GRACE) is None
+    assert queue.due_action(checkpoint("a", "Expired", NOW - GRACE), NOW, GRACE) == "delete"
+    assert queue.due_action(checkpoint("a", "Failed", NOW - GRACE), NOW, GRACE) is None
+    assert queue.due_action(checkpoint("a", None, None), NOW, GRACE) is None
+
+
+def claim(uid: str = "u1", phase: str = "Bound", finalizers: list[str] | None = None) -> dict:
+    return {
+        "metadata": {"namespace": "ns", "name": "s1-workspace", "uid": uid, "finalizers": finalizers or []},
+        "spec": {"volumeName": "pv-1"},
+        "status": {"phase": phase},
+    }
+
+
+def test_child_digest_ignores_finalizers_and_annotations():
+    plain = claim()
+    protected = claim(finalizers=["snapshot.storage.kubernetes.io/pvc-as-source-protection"])
+    protected["metadata"]["annotations"] = {"x": "y"}
+    assert child_digest(plain) == child_digest(protected)
+    assert child_digest(plain) != child_digest(claim(phase="Lost"))
+    assert child_digest(plain) != child_digest(claim(uid="u2"))
+
+
+def test_child_changed_skips_repeats_but_never_a_deletion():
+    body = claim(uid="unit-test-uid")
+    body["metadata"]["name"] = "unit-test-claim"
+    assert child_changed("persistentvolumeclaims", None, body)  # first sight (the start-up listing)
+    body["metadata"]["finalizers"] = ["snapshot.storage.kubernetes.io/pvc-as-source-protection"]
+    assert not child_changed("persistentvolumeclaims", "MODIFIED", body)
+    body["status"]["phase"] = "Lost"
+    assert child_changed("persistentvolumeclaims", "MODIFIED", body)
+    assert child_changed("persistentvolumeclaims", "DELETED", body)
+    assert child_changed("persistentvolumeclaims", "ADDED", body)  # forgotten on deletion
