@@ -66,7 +66,7 @@ class Settings:
     # says is due (a full listing of checkpoints only at start-up and on take-over).
     expiry_interval_seconds: float = field(default_factory=lambda: float(_env("EXPIRY_INTERVAL_SECONDS", "5")))
     # Interval of the safety re-reconcile of every Session, in seconds.
-    resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "60")))
+    resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "600")))
     # Client-side rate limit of the operator's own API requests (requests per second and
     # burst), as client-go's QPS/Burst; 0 turns it off. kopf's watch streams are not counted.
     api_qps: float = field(default_factory=lambda: float(_env("API_QPS", "100")))

@@ -82,10 +82,21 @@ def test_child_digest_ignores_finalizers_and_annotations():
 def test_child_changed_skips_repeats_but_never_a_deletion():
     body = claim(uid="unit-test-uid")
     body["metadata"]["name"] = "unit-test-claim"
-    assert child_changed("persistentvolumeclaims", None, body)  # first sight (the start-up listing)
+    assert not child_changed("persistentvolumeclaims", None, body)  # the start-up listing: resume covers it
+    assert not child_changed("persistentvolumeclaims", None, body)  # a re-list of an unchanged claim
     body["metadata"]["finalizers"] = ["snapshot.storage.kubernetes.io/pvc-as-source-protection"]
     assert not child_changed("persistentvolumeclaims", "MODIFIED", body)
     body["status"]["phase"] = "Lost"
     assert child_changed("persistentvolumeclaims", "MODIFIED", body)
     assert child_changed("persistentvolumeclaims", "DELETED", body)
     assert child_changed("persistentvolumeclaims", "ADDED", body)  # forgotten on deletion
+    body["spec"]["volumeName"] = "pv-2"
+    assert child_changed("persistentvolumeclaims", None, body)  # changed while the watch was down
+
+
+def test_every_change_to_a_log_chunk_counts():
+    chunk = {"metadata": {"namespace": "ns", "name": "unit-test-log-000001", "uid": "c1", "resourceVersion": "1"}}
+    assert child_changed("configmaps", "ADDED", chunk)
+    assert not child_changed("configmaps", None, chunk)
+    chunk["metadata"]["resourceVersion"] = "2"
+    assert child_changed("configmaps", "MODIFIED", chunk)

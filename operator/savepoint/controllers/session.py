@@ -60,18 +60,25 @@ _children_guard = threading.Lock()
 
 
 def child_changed(kind: str, event_type: str | None, obj: dict[str, Any]) -> bool:
-    """Whether a watch event on a Session's Pod or claim changes what a Session pass reads."""
+    """Whether a watch event on a Session's Pod, claim or log chunk changes what a Session
+    pass reads. Log chunks change with every append; for Pods and claims, see child_digest.
+
+    An object first seen in a listing (event type None) at start-up needs no pass of its
+    own: every Session gets its resume pass then, which reads it. After a re-list later
+    on, the objects are known, and only those that changed meanwhile start a pass.
+    """
     meta = obj.get("metadata") or {}
     key = (kind, meta.get("namespace", ""), meta.get("name", ""))
     with _children_guard:
         if event_type == "DELETED":
             _children.pop(key, None)
             return True
-        digest = child_digest(obj)
-        if _children.get(key) == digest:
-            return False
+        digest = (meta.get("uid"), meta.get("resourceVersion")) if kind == "configmaps" else child_digest(obj)
+        known = _children.get(key)
         _children[key] = digest
-        return True
+        if known is None:
+            return event_type is not None
+        return known != digest
 
 
 def reconcile_session(namespace: str, name: str) -> None:

@@ -33,13 +33,15 @@ def session_resync(namespace: str, name: str, **_: object) -> None:
 def session_workload_event(
     namespace: str, labels: dict[str, str], type: str | None, body: kopf.Body, resource: kopf.Resource, **_: object
 ) -> None:
-    # Each checkpoint's snapshot adds and removes a finalizer on the claim: skip such events.
+    # Each checkpoint's snapshot adds and removes a finalizer on the claim: skip such events,
+    # and the start-up listing, which the Sessions' own resume passes cover.
     if reconcile.child_changed(resource.plural, type, dict(body)):
         with count_errors("session"):
             reconcile.reconcile_session(namespace, labels[SESSION_LABEL])
 
 
 @kopf.on.event("", "v1", "configmaps", labels={SESSION_LABEL: kopf.PRESENT})
-def session_log_event(namespace: str, labels: dict[str, str], **_: object) -> None:
-    with count_errors("session"):
-        reconcile.reconcile_session(namespace, labels[SESSION_LABEL])
+def session_log_event(namespace: str, labels: dict[str, str], type: str | None, body: kopf.Body, **_: object) -> None:
+    if reconcile.child_changed("configmaps", type, dict(body)):
+        with count_errors("session"):
+            reconcile.reconcile_session(namespace, labels[SESSION_LABEL])
