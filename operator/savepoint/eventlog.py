@@ -980,23 +980,30 @@ class EventLog:
             ).data
 
         found: list[_Chunk] = []
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending: Future[bytes] | None = pool.submit(fetch, None)
-            while pending is not None:
-                raw = pending.result()
-                pending = None
+        # Most logs fit one page: the helper thread is started only for a second page.
+        pool: ThreadPoolExecutor | None = None
+        raw: bytes | None = fetch(None)
+        try:
+            while raw is not None:
                 early = _CONTINUE_RE.search(raw, 0, 4096)
                 guess = early[1].decode() if early else None
+                pending: Future[bytes] | None = None
                 if guess:
+                    pool = pool or ThreadPoolExecutor(max_workers=1)
                     pending = pool.submit(fetch, guess)
                 body = json.loads(raw)
                 token = (body.get("metadata") or {}).get("continue") or None
-                if token != guess:  # the guess was not the list's own token after all
-                    pending = pool.submit(fetch, token) if token else None
                 for item in body.get("items") or []:
                     match = self._name_re.fullmatch(item["metadata"]["name"])
                     if match and (wanted is None or int(match[1]) in wanted):
                         found.append(_parse_chunk(item, int(match[1])))
+                if token != guess:  # the guess was not the list's own token after all
+                    raw = fetch(token) if token else None
+                else:
+                    raw = pending.result() if pending is not None else None
+        finally:
+            if pool is not None:
+                pool.shutdown()
         found.sort(key=lambda c: c.index)
         return found
 

@@ -102,7 +102,12 @@ def api_client() -> client.ApiClient:
         except config.ConfigException:
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         settings = load()
-        api = client.ApiClient()
+        configuration = client.Configuration.get_default_copy()
+        # One pooled connection per thread that may call at once (kopf's workers, the
+        # expiry workers, the sweep): past the pool's size, every call would open a new
+        # TLS connection and throw it away, at a cost to both ends.
+        configuration.connection_pool_maxsize = 64
+        api = client.ApiClient(configuration)
         _instrument(api, RateLimiter(settings.api_qps, settings.api_burst), settings.api_timeout_seconds)
         return api
 

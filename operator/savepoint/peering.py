@@ -92,6 +92,11 @@ def is_active(settings: Settings | None = None) -> bool:
     return active
 
 
+def last_known(settings: Settings | None = None) -> bool:
+    """is_active() as the expiry loop last found it (every few seconds), without asking again."""
+    return is_active(settings) if _last is None else bool(_last)
+
+
 def _read(settings: Settings) -> bool:
     try:
         namespaces = settings.namespaces or (None,)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from savepoint.controllers.checkpoint import ExpiryQueue
 from savepoint.controllers.session import child_changed
+from savepoint.polling import PollQueue
 from savepoint.session import child_digest
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -50,6 +51,17 @@ def test_expiry_queue_follows_the_watch():
     assert queue.take_due(NOW + GRACE, GRACE)[1] == [("ns", "c")]
     queue.observe("MODIFIED", checkpoint("d", "Ready", NOW))
     queue.observe("DELETED", checkpoint("d", "Ready", NOW))
+    assert queue.take_due(NOW, GRACE) == ([], [])
+
+
+def test_a_failed_expiry_goes_back_unless_the_watch_was_faster():
+    queue = ExpiryQueue()
+    queue.observe("ADDED", checkpoint("c", "Ready", NOW))
+    [key], _ = queue.take_due(NOW, GRACE)
+    queue.put_back(key, (NOW, "Ready"))
+    assert queue.take_due(NOW, GRACE)[0] == [key]
+    queue.observe("MODIFIED", checkpoint("c", "Ready", NOW + timedelta(hours=1)))  # a rollback moved it
+    queue.put_back(key, (NOW, "Ready"))
     assert queue.take_due(NOW, GRACE) == ([], [])
 
 
@@ -100,3 +112,23 @@ def test_every_change_to_a_log_chunk_counts():
     assert not child_changed("configmaps", None, chunk)
     chunk["metadata"]["resourceVersion"] = "2"
     assert child_changed("configmaps", "MODIFIED", chunk)
+
+
+def test_poll_queue_hands_out_each_key_once_per_interval():
+    now = [100.0]
+    queue = PollQueue(30, clock=lambda: now[0])
+    queue.file(("ns", "a"))
+    now[0] = 110.0
+    queue.file(("ns", "b"))
+    queue.file(("ns", "a"))  # filing again keeps its time
+    assert queue.take_due() == []
+    now[0] = 130.0
+    assert queue.take_due() == [("ns", "a")]
+    assert queue.take_due() == []  # due again an interval later, not at once
+    now[0] = 200.0
+    assert queue.take_due(limit=1) == [("ns", "b")]  # the most overdue first (b at 140, a at 160)
+    assert queue.take_due() == [("ns", "a")]
+    queue.drop(("ns", "a"))
+    now[0] = 1000.0
+    assert queue.take_due() == [("ns", "b")]
+    assert len(queue) == 1

@@ -391,6 +391,11 @@ class ExpiryQueue:
             else:
                 self._entries[key] = clock
 
+    def put_back(self, key: tuple[str, str], clock: tuple[datetime, str]) -> None:
+        """Return an entry whose work failed, unless a watch event has filed a newer one."""
+        with self._lock:
+            self._entries.setdefault(key, clock)
+
     def take_due(self, now: datetime, grace: timedelta) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         """(keys to expire, keys to delete) due at `now`, removed from the queue."""
         expire: list[tuple[str, str]] = []
@@ -433,11 +438,22 @@ def _expire_logged(body: dict) -> bool:
 
 def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:
     """Expire one checkpoint the queue says is due, after reading it again: the queue's
-    entry may be a moment old (a rollback can move expiresAt)."""
-    body = k8s.get_custom("checkpoints", *key)
+    entry may be a moment old (a rollback can move expiresAt). One that fails goes back
+    in the queue, for the next pass."""
+    try:
+        body = k8s.get_custom("checkpoints", *key)
+    except Exception:
+        log.exception("reading checkpoint %s/%s to expire it", *key)
+        expiry_queue.put_back(key, (_now(), CheckpointPhase.READY.value))
+        return False
     if body is None or expiry_queue.due_action(body, _now(), settings.expired_grace) != "expire":
         return False
-    return _expire_logged(body)
+    if _expire_logged(body):
+        return True
+    clock = expiry_queue.clock(body)
+    if clock is not None:
+        expiry_queue.put_back(key, clock)
+    return False
 
 
 def _expire_all(due: list[dict]) -> int:

@@ -48,13 +48,17 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
     with _guard:
         granted = _granted.get(uid)
     if granted is None:
-        _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
-        if newest is None:
-            newest = EventLog(k8s.core(), namespace, session, discovery="names").newest_chunk()
-        role = k8s.ensure_role(sandbox.build_role(body, sandbox.window(newest)))
+        # The Role is made last, so finding it (one GET, as after a restart) means the
+        # ServiceAccount and RoleBinding were made before it.
+        role = k8s.get_role(namespace, name)
+        if role is None:
+            _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
+            _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
+            if newest is None:
+                newest = EventLog(k8s.core(), namespace, session, discovery="names").newest_chunk()
+            role = k8s.ensure_role(sandbox.build_role(body, sandbox.window(newest)))
         _check_owner(role, body)
         granted = sandbox.granted_window(role)
-        _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
     elif newest is None:
         return name
     if sandbox.needs_widening(granted, newest):

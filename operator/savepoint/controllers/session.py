@@ -101,7 +101,9 @@ def _reconcile(body: dict[str, Any]) -> None:
     elog = event_log(body)
     if not (old_status.get("eventLog") or {}).get("chunks"):
         elog.ensure()  # afterwards the log's own reads notice a chunk gone missing
-    sandbox.ensure_sandbox_access(body)  # before the Pod, which runs as this account
+    # Before the Pod, which runs as this account. The chunk count is a lower bound of the
+    # newest chunk's index; the pass's end widens the Role from the real listing.
+    sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
     extra: dict[str, Any] = {}

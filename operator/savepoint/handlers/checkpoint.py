@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 
@@ -12,6 +13,7 @@ from savepoint.config import load
 from savepoint.controllers import checkpoint
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION, CheckpointSpec
+from savepoint.polling import PollQueue
 
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
 # Phases reconcile_checkpoint has nothing to do for (expiry is the sweep's job).
@@ -34,16 +36,23 @@ def checkpoint_reconcile(namespace: str, name: str, status: kopf.Status, **_: ob
 PENDING_POLL_SECONDS = min(30.0, max(5.0, settings.snapshot_timeout.total_seconds() / 4))
 
 
-@kopf.timer(
-    *CHECKPOINTS,
-    interval=PENDING_POLL_SECONDS,
-    initial_delay=PENDING_POLL_SECONDS,  # the create handler has just done a pass
-    id="checkpoint_pending_poll",
-    when=lambda status, **_: status.get("phase") in (None, "Pending"),
-)
-def checkpoint_pending_poll(namespace: str, name: str, **_: object) -> None:
-    with count_errors("checkpoint"):
-        checkpoint.reconcile_checkpoint(namespace, name, settings)
+pending_polls = PollQueue(PENDING_POLL_SECONDS)
+
+
+def checkpoint_pending_poll() -> None:
+    """Reconcile the Pending checkpoints whose poll is due (the expiry loop's thread calls it)."""
+
+    def poll(key: tuple[str, str]) -> None:
+        try:
+            with count_errors("checkpoint"):
+                checkpoint.reconcile_checkpoint(*key, settings)
+        except Exception:  # counted; the next poll (or watch event) tries again
+            checkpoint.log.exception("polling checkpoint %s/%s", *key)
+
+    due = pending_polls.take_due()
+    if due:
+        with ThreadPoolExecutor(4, thread_name_prefix="checkpoint-poll") as pool:
+            list(pool.map(poll, due))
 
 
 def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
@@ -90,15 +99,23 @@ def checkpoint_release(body: kopf.Body, **_: object) -> None:
     checkpoint.release(dict(body))
 
 
-@kopf.on.event(*CHECKPOINTS, id="checkpoint_expiry_clock")
-async def checkpoint_expiry_clock(type: str | None, body: kopf.Body, **_: object) -> None:
-    # In the event loop, not a worker thread: it only files the clock in memory.
-    checkpoint.expiry_queue.observe(type, dict(body))
+@kopf.on.event(*CHECKPOINTS, id="checkpoint_clocks")
+async def checkpoint_clocks(type: str | None, body: kopf.Body, **_: object) -> None:
+    # In the event loop, not a worker thread: it only files keys and times in memory.
+    raw = dict(body)
+    checkpoint.expiry_queue.observe(type, raw)
+    key = (raw["metadata"].get("namespace", ""), raw["metadata"]["name"])
+    pending = (raw.get("status") or {}).get("phase") in (None, "Pending")
+    if type != "DELETED" and pending and not raw["metadata"].get("deletionTimestamp"):
+        pending_polls.file(key)
+    else:
+        pending_polls.drop(key)
 
 
 @kopf.on.startup()
 def checkpoint_expiry_loop(**_: object) -> None:
-    """A full sweep at start-up (overdue checkpoints expire at once), then the due ones every few seconds."""
+    """A full sweep at start-up (overdue checkpoints expire at once), then the due ones every
+    few seconds; the same thread polls the Pending checkpoints that are due."""
     stop = threading.Event()
 
     def loop() -> None:
@@ -113,6 +130,8 @@ def checkpoint_expiry_loop(**_: object) -> None:
                     listed = True
                 else:
                     checkpoint.drain(settings)  # then only what the watch-fed queue says is due
+                if listed:
+                    checkpoint_pending_poll()
             except Exception:  # the loop outlives any one failure
                 checkpoint.log.exception("checkpoint expiry sweep failed")
             stop.wait(settings.expiry_interval_seconds)

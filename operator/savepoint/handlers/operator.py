@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 
 import kopf
 
+from savepoint import memory
 from savepoint.config import load
 
 
@@ -22,6 +25,10 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 16
+    # Objects processed at once. Unlimited, a burst of thousands of events opened as many
+    # API connections (kopf's client has no pool limit), each with its own TLS buffers,
+    # while the 16 handler threads above could serve only 16 of them anyway.
+    settings.batching.worker_limit = 64
     if config.webhook:
         cert, key = Path(config.webhook_cert_dir) / "tls.crt", Path(config.webhook_cert_dir) / "tls.key"
         if not (cert.is_file() and key.is_file()):
@@ -48,3 +55,17 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
         settings.peering.lifetime = config.peering_lifetime_seconds
     else:
         settings.peering.standalone = True
+
+
+# How often freed heap memory is handed back to the OS (savepoint.memory).
+RELEASE_MEMORY_SECONDS = 30.0
+
+
+@kopf.on.startup()
+def operator_release_memory(**_: object) -> None:
+    def loop() -> None:
+        while True:
+            time.sleep(RELEASE_MEMORY_SECONDS)
+            memory.release()
+
+    threading.Thread(target=loop, name="release-memory", daemon=True).start()

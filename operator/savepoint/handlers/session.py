@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import kopf
 
+from savepoint import peering
 from savepoint.config import load
 from savepoint.controllers import session as reconcile
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION
+from savepoint.polling import PollQueue
 from savepoint.session import SESSION_LABEL
 
 SESSIONS = (GROUP, VERSION, "sessions")
@@ -22,10 +27,42 @@ def session_reconcile(namespace: str, name: str, **_: object) -> None:
         reconcile.reconcile_session(namespace, name)
 
 
-@kopf.timer(*SESSIONS, interval=settings.resync_seconds, idle=settings.resync_seconds, id="session_resync")
-def session_resync(namespace: str, name: str, **_: object) -> None:
-    with count_errors("session"):
-        reconcile.reconcile_session(namespace, name)
+# The safety re-reconcile of every Session, without a kopf timer per Session (which would
+# keep each Session's whole body in memory; see savepoint.polling).
+resyncs = PollQueue(settings.resync_seconds)
+
+
+@kopf.on.event(*SESSIONS, id="session_resync_clock")
+async def session_resync_clock(type: str | None, name: str, namespace: str, **_: object) -> None:
+    if type == "DELETED":
+        resyncs.drop((namespace, name))
+    else:
+        resyncs.file((namespace, name))
+
+
+@kopf.on.startup()
+def session_resync_loop(**_: object) -> None:
+    """Reconcile the Sessions whose resync is due, a few at a time, on the active replica."""
+
+    def resync(key: tuple[str, str]) -> None:
+        try:
+            with count_errors("session"):
+                reconcile.reconcile_session(*key)
+        except Exception:  # counted; the next watch event or resync tries again
+            reconcile.log.exception("resyncing session %s/%s", *key)
+
+    def loop() -> None:
+        while True:
+            time.sleep(RESYNC_TICK_SECONDS)
+            if not peering.last_known(settings):
+                continue
+            for key in resyncs.take_due():
+                resync(key)
+
+    threading.Thread(target=loop, name="session-resync", daemon=True).start()
+
+
+RESYNC_TICK_SECONDS = 5.0
 
 
 @kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT})
