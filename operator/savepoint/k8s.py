@@ -455,6 +455,15 @@ def get_role(namespace: str, name: str) -> dict | None:
         raise
 
 
+def get_role_binding(namespace: str, name: str) -> dict | None:
+    try:
+        return _raw(rbac().read_namespaced_role_binding(name, namespace, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
 def set_role_rules(namespace: str, name: str, rules: list[dict]) -> None:
     """Replace a Role's rules (a merge patch replaces the whole list)."""
     rbac().patch_namespaced_role(

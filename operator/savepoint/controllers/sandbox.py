@@ -48,15 +48,16 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
     with _guard:
         granted = _granted.get(uid)
     if granted is None:
-        # The Role is made last, so finding it (one GET, as after a restart) means the
-        # ServiceAccount and RoleBinding were made before it.
-        role = k8s.get_role(namespace, name)
+        # The RoleBinding is made last (binding a Role that does not exist yet is refused
+        # to anyone without `bind`), so finding it and the Role (two GETs, as after a
+        # restart) means the ServiceAccount was made too.
+        role = k8s.get_role(namespace, name) if k8s.get_role_binding(namespace, name) else None
         if role is None:
             _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
-            _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
             if newest is None:
                 newest = EventLog(k8s.core(), namespace, session, discovery="names").newest_chunk()
             role = k8s.ensure_role(sandbox.build_role(body, sandbox.window(newest)))
+            _check_owner(k8s.ensure_role_binding(sandbox.build_role_binding(body)), body)
         _check_owner(role, body)
         granted = sandbox.granted_window(role)
     elif newest is None:
