@@ -70,7 +70,13 @@ def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
     labels={CHECKPOINT_LABEL: kopf.PRESENT},
     when=_snapshot_settled,
 )
-def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], annotations: dict[str, str], **_: object) -> None:
+def checkpoint_snapshot_event(
+    namespace: str, labels: dict[str, str], annotations: dict[str, str], type: str | None, **_: object
+) -> None:
+    if type is None:
+        # A listing (start-up, or a re-list): thousands of long-ready snapshots, each a GET
+        # that finds its Checkpoint settled. Pending ones get their resume pass or poll.
+        return
     # The label holds a hashed name when the checkpoint's is longer than a label value may be.
     name = annotations.get(CHECKPOINT_LABEL) or labels[CHECKPOINT_LABEL]
     with count_errors("checkpoint"):
