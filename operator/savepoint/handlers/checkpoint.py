@@ -59,6 +59,10 @@ def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
     # Only a ready or failed snapshot moves its Checkpoint on; the snapshotter's many
     # intermediate updates would each cost a reconcile that finds nothing to do (the
     # pending poll keeps the timeout's clock).
+    # A snapshot being deleted (expiry, or its Checkpoint going) has nothing to tell its
+    # Checkpoint either: in an expiry storm its finalizer updates cost a GET each.
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return False
     state = snapshot_state(dict(body))
     return state.ready or state.error is not None
 
