@@ -17,9 +17,13 @@ def test_window_widens_before_the_sandbox_runs_out():
     assert sandbox.window(0) == sandbox.window(1) == 1 + sandbox.LOOKAHEAD
     granted = sandbox.window(3)
     assert granted == 19
-    # Half the lookahead used: widen.
+    # Half the lookahead used: widen; the chunk that says so is the threshold.
     assert not sandbox.needs_widening(granted, 11)
     assert sandbox.needs_widening(granted, 12)
+    assert sandbox.threshold(granted) == 12
+    assert sandbox.needs_widening(granted, sandbox.threshold(granted))
+    assert not sandbox.needs_widening(granted, sandbox.threshold(granted) - 1)
+    assert sandbox.threshold(1) == 1
 
 
 def test_role_names_only_this_sessions_chunks():
