@@ -1131,7 +1131,7 @@ class EventLog:
         meta = json.loads(resp.data)["metadata"]
         return _Meta(index, meta["name"], _first_seq(meta))
 
-    def _bounds(self, start: int = 1, scan: bool = True) -> tuple[dict[int, _Meta], int, int]:
+    def _bounds(self, start: int = 1) -> tuple[dict[int, _Meta], int, int]:
         """(metas probed, lowest, newest) chunk index at or after `start`; newest 0 when none.
 
         The chunks of a log are contiguous (retention deletes a prefix, rollover adds at
@@ -1152,7 +1152,7 @@ class EventLog:
         # A 403 on chunk 1 is not "absent": this caller may not read the log at all.
         got = self._probe(lo, forbidden_ok=start != 1)
         while not isinstance(got, _Meta):
-            if not scan or got is False or lo - start >= self.NAME_SCAN_LIMIT:
+            if got is False or lo - start >= self.NAME_SCAN_LIMIT:
                 return seen, 0, 0
             lo += 1
             got = self._probe(lo)
@@ -1170,12 +1170,9 @@ class EventLog:
                 missing = mid
         return seen, lo, hi
 
-    def newest_chunk(self, start: int = 1, *, scan: bool = True) -> int:
-        """Index of the newest chunk, searched by name from `start`; 0 when there is none.
-
-        With scan=False a missing chunk `start` answers 0 at once (one GET).
-        """
-        return self._bounds(start, scan)[2]
+    def newest_chunk(self, start: int = 1) -> int:
+        """Index of the newest chunk, searched by name from `start`; 0 when there is none."""
+        return self._bounds(start)[2]
 
     def _discover(self) -> list[_Meta]:
         seen, lo, hi = self._bounds(1)

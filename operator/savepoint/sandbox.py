@@ -52,11 +52,6 @@ def needs_widening(granted: int, newest: int, lookahead: int = LOOKAHEAD) -> boo
     return newest > granted - lookahead // 2
 
 
-def threshold(granted: int, lookahead: int = LOOKAHEAD) -> int:
-    """The chunk whose existence means the Role must be widened (one GET to check)."""
-    return max(1, granted - lookahead // 2 + 1)
-
-
 def granted_window(role: dict[str, Any] | None) -> int:
     """The highest chunk index a sandbox Role built here covers; 0 for none."""
     names = [n for rule in (role or {}).get("rules") or [] for n in rule.get("resourceNames") or []]

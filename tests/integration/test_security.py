@@ -17,7 +17,7 @@ from kubernetes import client
 
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
-from savepoint.sandbox import LOOKAHEAD, account_name, chunk_name, granted_window, threshold
+from savepoint.sandbox import LOOKAHEAD, account_name, chunk_name, granted_window, needs_widening
 from tests.conftest import REPO, wait_for
 from tests.integration.test_checkpoint import make_checkpoint, wait_checkpoint
 from tests.integration.test_fork import make_fork, wait_fork
@@ -121,7 +121,7 @@ def test_sandbox_appends_to_its_own_log_and_nothing_else(
         return granted_window(json.loads(body.data))
 
     newest = EventLog(core, namespace, "s1", max_chunk_bytes=1024)
-    while len(newest.chunk_names()) < threshold(window()):
+    while not needs_widening(window(), len(newest.chunk_names())):
         newest.append("filler", {"pad": "y" * 700})
     grown = len(newest.chunk_names())
     wait_for(lambda: window() >= grown + LOOKAHEAD, timeout=30, what="the sandbox's Role widened")

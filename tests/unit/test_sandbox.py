@@ -17,13 +17,10 @@ def test_window_widens_before_the_sandbox_runs_out():
     assert sandbox.window(0) == sandbox.window(1) == 1 + sandbox.LOOKAHEAD
     granted = sandbox.window(3)
     assert granted == 19
-    # Half the lookahead used: widen; the chunk that says so is the threshold.
+    # Half the lookahead used: widen.
     assert not sandbox.needs_widening(granted, 11)
     assert sandbox.needs_widening(granted, 12)
-    assert sandbox.threshold(granted) == 12
-    assert sandbox.needs_widening(granted, sandbox.threshold(granted))
-    assert not sandbox.needs_widening(granted, sandbox.threshold(granted) - 1)
-    assert sandbox.threshold(1) == 1
+    assert sandbox.needs_widening(1, 1)
 
 
 def test_role_names_only_this_sessions_chunks():
@@ -118,10 +115,6 @@ def test_by_name_discovery_is_logarithmic_and_survives_retention():
     reader = EventLog(core, "ns", "s", discovery="names")
     assert reader.chunk_names()[0] == "s-log-000011"
     assert reader.read(partial=True)[-1].seq == 400
-    # The operator's steady-state check: one GET when the threshold chunk is not there.
-    core.reads = 0
-    assert reader.newest_chunk(newest + 5, scan=False) == 0
-    assert core.reads == 1
 
 
 def test_by_name_mode_says_so_when_the_log_is_forbidden():
