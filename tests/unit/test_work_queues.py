@@ -132,3 +132,40 @@ def test_poll_queue_hands_out_each_key_once_per_interval():
     now[0] = 1000.0
     assert queue.take_due() == [("ns", "b")]
     assert len(queue) == 1
+
+
+def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
+    import asyncio
+
+    from savepoint import controllers
+    from savepoint.handlers.checkpoint import checkpoint_clocks
+    from savepoint.handlers.fork import fork_forget
+    from savepoint.handlers.session import session_resync_clock
+
+    def passes(kind: str, name: str) -> None:
+        controllers.one_pass(kind, "ns", name, lambda: None)
+        assert (kind, "ns", name) in controllers._locks and (kind, "ns", name) in controllers._done
+
+    passes("checkpoint", "c")
+    passes("session", "s")
+    passes("fork", "f")
+    body = checkpoint("c", "Ready", NOW)
+    asyncio.run(checkpoint_clocks(type="MODIFIED", body=body))
+    assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
+    asyncio.run(checkpoint_clocks(type="DELETED", body=body))
+    asyncio.run(session_resync_clock(type="DELETED", namespace="ns", name="s"))
+    asyncio.run(fork_forget(type="DELETED", namespace="ns", name="f"))
+    for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
+        assert (kind, "ns", name) not in controllers._locks
+        assert (kind, "ns", name) not in controllers._done
+
+
+def test_forget_keeps_a_lock_a_pass_still_holds():
+    from savepoint import controllers
+
+    lock = controllers.object_lock("session", "ns", "busy")
+    with lock:
+        controllers.forget("session", "ns", "busy")
+        assert controllers.object_lock("session", "ns", "busy") is lock
+    controllers.forget("session", "ns", "busy")
+    assert controllers.object_lock("session", "ns", "busy") is not lock

@@ -39,3 +39,15 @@ def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], None]
         started = time.monotonic()
         reconcile()
         _done[key] = started
+
+
+def forget(kind: str, namespace: str, name: str) -> None:
+    """Drop what one_pass and object_lock keep for an object that is gone (its DELETED
+    event), so an operator that sees thousands of objects come and go does not keep them.
+    A lock a pass still holds stays: the pass ends, and a re-created object reuses it."""
+    key = (kind, namespace, name)
+    with _guard:
+        lock = _locks.get(key)
+        if lock is not None and not lock.locked():
+            del _locks[key]
+        _done.pop(key, None)

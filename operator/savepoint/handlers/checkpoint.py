@@ -10,7 +10,7 @@ import kopf
 from savepoint import metrics, peering
 from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
 from savepoint.config import load
-from savepoint.controllers import checkpoint
+from savepoint.controllers import checkpoint, forget
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION, CheckpointSpec
 from savepoint.polling import PollQueue
@@ -120,6 +120,8 @@ async def checkpoint_clocks(type: str | None, body: kopf.Body, **_: object) -> N
         pending_polls.file(key)
     else:
         pending_polls.drop(key)
+    if type == "DELETED":
+        forget("checkpoint", *key)
 
 
 @kopf.on.startup()

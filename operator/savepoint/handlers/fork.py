@@ -5,7 +5,7 @@ from __future__ import annotations
 import kopf
 
 from savepoint.config import load
-from savepoint.controllers import fork
+from savepoint.controllers import forget, fork
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
@@ -29,6 +29,12 @@ def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object
     if status.get("phase") in ("Succeeded", "Failed") or not status.get("targetSession"):
         return None
     return {(namespace, status["targetSession"]): name}
+
+
+@kopf.on.event(*FORKS, id="fork_forget")
+async def fork_forget(type: str | None, namespace: str, name: str, **_: object) -> None:
+    if type == "DELETED":
+        forget("fork", namespace, name)
 
 
 def _advance(namespace: str, session: str, index: kopf.Index) -> None:

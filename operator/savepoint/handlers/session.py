@@ -9,6 +9,7 @@ import kopf
 
 from savepoint import peering
 from savepoint.config import load
+from savepoint.controllers import forget
 from savepoint.controllers import session as reconcile
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION
@@ -36,6 +37,7 @@ resyncs = PollQueue(settings.resync_seconds)
 async def session_resync_clock(type: str | None, name: str, namespace: str, **_: object) -> None:
     if type == "DELETED":
         resyncs.drop((namespace, name))
+        forget("session", namespace, name)
     else:
         resyncs.file((namespace, name))
 
