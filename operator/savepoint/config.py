@@ -39,7 +39,8 @@ class Settings:
     default_checkpoint_ttl: timedelta = field(
         default_factory=lambda: parse_duration(_env("DEFAULT_CHECKPOINT_TTL", "30d"))
     )
-    # How long an Expired Checkpoint object stays listable before it is deleted.
+    # How long an Expired or Failed Checkpoint stays listable after its expiresAt before
+    # it is deleted.
     expired_grace: timedelta = field(default_factory=lambda: parse_duration(_env("EXPIRED_GRACE", "7d")))
     # How long a VolumeSnapshot may take to become ready before its Checkpoint fails.
     snapshot_timeout: timedelta = field(default_factory=lambda: parse_duration(_env("SNAPSHOT_TIMEOUT", "10m")))

@@ -26,6 +26,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -707,7 +708,7 @@ def _force_delete_content(objects, name: str) -> bool:
 
 
 def test_snapshot_never_ready_fails_the_checkpoint_after_the_timeout(never_ready_class, own_operator, core, crds):
-    namespace, proc = own_operator("timeout", SAVEPOINT_SNAPSHOT_TIMEOUT="15s")
+    namespace, proc = own_operator("timeout", SAVEPOINT_SNAPSHOT_TIMEOUT="15s", SAVEPOINT_EXPIRED_GRACE="5s")
     start_sessions(core, crds, namespace, ["s1"])
     claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"][
         "workspaceClaimName"
@@ -747,6 +748,33 @@ def test_snapshot_never_ready_fails_the_checkpoint_after_the_timeout(never_ready
     events = core.list_namespaced_event(namespace, field_selector="involvedObject.name=stuck").items
     assert any(e.reason == "SnapshotTimeout" and e.type == "Warning" for e in events)
     print(f"stuck checkpoint Failed/SnapshotTimeout {waited:.0f}s after it was asked for (timeout 15s)")
+
+    # The failed checkpoint's snapshot is of no use: it goes at once, not with the checkpoint.
+    def snapshot_gone() -> bool:
+        try:
+            crds.get_namespaced_custom_object(*SNAP, namespace, "volumesnapshots", snapshot_name("stuck"))
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(snapshot_gone, timeout=30, what="the failed checkpoint's VolumeSnapshot deleted")
+    assert phase_of("stuck")["status"]["phase"] == "Failed"  # the object stays, to say why
+    # Once its expiresAt plus the grace period (5s here) has passed, the Failed checkpoint
+    # is deleted like an Expired one: failed attempts do not pile up.
+    past = (datetime.now(UTC) - timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crds.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "checkpoints", "stuck", {"status": {"expiresAt": past}}
+    )
+
+    def checkpoint_gone() -> bool:
+        try:
+            crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "stuck")
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(checkpoint_gone, timeout=30, what="the Failed checkpoint deleted after expiresAt + grace")
+    assert phase_of("fine")["status"]["phase"] == "Ready"  # a Ready one is not touched
 
 
 # --- 4. A kill at the one line between the claim swap and the release --------------------

@@ -32,13 +32,15 @@ def test_expiry_queue_takes_only_what_is_due_and_forgets_it():
     queue.observe("ADDED", checkpoint("going", "Ready", NOW - timedelta(days=1), deleting=True))
     queue.observe("ADDED", checkpoint("old-expired", "Expired", NOW - GRACE - timedelta(seconds=1)))
     queue.observe("ADDED", checkpoint("new-expired", "Expired", NOW - timedelta(days=1)))
-    assert len(queue) == 5  # Rejected and deleting checkpoints have no clock
+    queue.observe("ADDED", checkpoint("old-failed", "Failed", NOW - GRACE))
+    queue.observe("ADDED", checkpoint("new-failed", "Failed", NOW - timedelta(days=1)))
+    assert len(queue) == 7  # Rejected and deleting checkpoints have no clock
 
     expire, delete = queue.take_due(NOW, GRACE)
     assert expire == [("ns", "overdue"), ("ns", "pending-overdue")]
-    assert delete == [("ns", "old-expired")]
+    assert sorted(delete) == [("ns", "old-expired"), ("ns", "old-failed")]
     assert queue.take_due(NOW, GRACE) == ([], [])  # taken: not handed out twice
-    assert len(queue) == 2
+    assert len(queue) == 3
 
 
 def test_expiry_queue_follows_the_watch():
@@ -70,7 +72,9 @@ def test_due_action_reads_one_body():
     assert queue.due_action(checkpoint("a", "Ready", NOW), NOW, GRACE) == "expire"
     assert queue.due_action(checkpoint("a", "Ready", NOW + timedelta(seconds=1)), NOW, GRACE) is None
     assert queue.due_action(checkpoint("a", "Expired", NOW - GRACE), NOW, GRACE) == "delete"
-    assert queue.due_action(checkpoint("a", "Failed", NOW - GRACE), NOW, GRACE) is None
+    # A Failed checkpoint is deleted when an Expired one would be; it is never "expired".
+    assert queue.due_action(checkpoint("a", "Failed", NOW - GRACE), NOW, GRACE) == "delete"
+    assert queue.due_action(checkpoint("a", "Failed", NOW), NOW, GRACE) is None
     assert queue.due_action(checkpoint("a", None, None), NOW, GRACE) is None
 
 

@@ -263,6 +263,12 @@ def _fail(body: dict, reason: FailReason, message: str) -> None:
         event=(reason.value, message),
         warn=True,
     )
+    # A Failed checkpoint never becomes Ready: whatever its snapshot holds (a half-made or
+    # late one) is of no use, so it goes now; the message above keeps its error. Failed
+    # is written first, so a pass that stops in between does not make it again.
+    vs_name = body["status"].get("volumeSnapshotName")
+    if vs_name:
+        k8s.request_volume_snapshot_deletion(body["metadata"]["namespace"], vs_name)
 
 
 def _become_ready(body: dict, restore_size: str | None) -> None:
@@ -345,13 +351,17 @@ def expire(body: dict) -> bool:
     return True
 
 
+# Phases whose checkpoint is deleted at expiresAt + the grace period.
+ENDED = (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED)
+
+
 class ExpiryQueue:
     """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
     costs no request: (namespace, name) -> (when it is due, what to do then).
 
-    A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired one for
-    deletion at expiresAt + the grace period. Taking an entry removes it; the watch event
-    of what was done (or of anything else that changes it) puts it back as it now is.
+    A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired or Failed one
+    for deletion at expiresAt + the grace period. Taking an entry removes it; the watch
+    event of what was done (or of anything else that changes it) puts it back as it now is.
     """
 
     def __init__(self) -> None:
@@ -365,7 +375,7 @@ class ExpiryQueue:
         phase, expires = status.get("phase"), status.get("expiresAt")
         if body["metadata"].get("deletionTimestamp") or not expires:
             return None
-        if phase not in (CheckpointPhase.READY, CheckpointPhase.PENDING, CheckpointPhase.EXPIRED):
+        if phase not in (CheckpointPhase.READY, CheckpointPhase.PENDING, *ENDED):
             return None
         try:
             return parse_time(expires), str(phase)
@@ -378,7 +388,7 @@ class ExpiryQueue:
         if clock is None:
             return None
         expires, phase = clock
-        if phase == CheckpointPhase.EXPIRED:
+        if phase in ENDED:
             return "delete" if expires + grace <= now else None
         return "expire" if expires <= now else None
 
@@ -402,7 +412,7 @@ class ExpiryQueue:
         delete: list[tuple[str, str]] = []
         with self._lock:
             for key, (expires, phase) in list(self._entries.items()):
-                if phase == CheckpointPhase.EXPIRED:
+                if phase in ENDED:
                     if expires + grace <= now:
                         delete.append(key)
                         del self._entries[key]
