@@ -41,6 +41,11 @@ def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], None]
         _done[key] = started
 
 
+def has_run(kind: str, namespace: str, name: str) -> bool:
+    """Whether a pass of this object has succeeded in this process."""
+    return (kind, namespace, name) in _done
+
+
 def forget(kind: str, namespace: str, name: str) -> None:
     """Drop what one_pass and object_lock keep for an object that is gone (its DELETED
     event), so an operator that sees thousands of objects come and go does not keep them.

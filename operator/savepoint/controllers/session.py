@@ -16,7 +16,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
-from savepoint.controllers import one_pass, sandbox
+from savepoint.controllers import has_run, one_pass, sandbox
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -59,9 +59,10 @@ _children: dict[tuple[str, str, str], tuple] = {}
 _children_guard = threading.Lock()
 
 
-def child_changed(kind: str, event_type: str | None, obj: dict[str, Any]) -> bool:
+def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record: bool = True) -> bool:
     """Whether a watch event on a Session's Pod, claim or log chunk changes what a Session
     pass reads. Log chunks change with every append; for Pods and claims, see child_digest.
+    With record=False it only answers (a kopf filter); the handler records.
 
     An object first seen in a listing (event type None) at start-up needs no pass of its
     own: every Session gets its resume pass then, which reads it. After a re-list later
@@ -71,19 +72,27 @@ def child_changed(kind: str, event_type: str | None, obj: dict[str, Any]) -> boo
     key = (kind, meta.get("namespace", ""), meta.get("name", ""))
     with _children_guard:
         if event_type == "DELETED":
-            _children.pop(key, None)
+            if record:
+                _children.pop(key, None)
             return True
         digest = (meta.get("uid"), meta.get("resourceVersion")) if kind == "configmaps" else child_digest(obj)
         known = _children.get(key)
-        _children[key] = digest
+        if record:
+            _children[key] = digest
         if known is None:
             return event_type is not None
         return known != digest
 
 
-def reconcile_session(namespace: str, name: str) -> None:
+def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None) -> None:
+    """One pass over a Session. `seen` is its body as the watch just delivered it: the
+    first pass in this process (the resume pass at start-up, thousands at once) starts
+    from it instead of reading it again; later passes read it fresh, since a pass that
+    ran in between may have changed its status."""
+
     def reconcile() -> None:
-        body = k8s.get_custom("sessions", namespace, name)
+        fresh = seen is not None and not has_run("session", namespace, name)
+        body = seen if fresh else k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             return
         _reconcile(body)

@@ -21,11 +21,17 @@ SETTLED = ("Ready", "Failed", "Rejected", "Expired")
 settings = load()
 
 
-@kopf.on.resume(*CHECKPOINTS, id="checkpoint_resume")
+def _unsettled(status: kopf.Status, **_: object) -> bool:
+    # At start-up thousands of settled checkpoints: a filter, not a handler, turns them
+    # away, so none costs a worker thread or a log line.
+    return status.get("phase") not in SETTLED
+
+
+@kopf.on.resume(*CHECKPOINTS, id="checkpoint_resume", when=_unsettled)
 @kopf.on.create(*CHECKPOINTS, id="checkpoint_create")
 def checkpoint_reconcile(namespace: str, name: str, status: kopf.Status, **_: object) -> None:
-    if status.get("phase") in SETTLED:
-        return  # at start-up, thousands of these: reconcile would only re-read them to do nothing
+    if not _unsettled(status):
+        return
     with count_errors("checkpoint"):
         checkpoint.reconcile_checkpoint(namespace, name, settings)
 
@@ -55,13 +61,16 @@ def checkpoint_pending_poll() -> None:
             list(pool.map(poll, due))
 
 
-def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
+def _snapshot_settled(body: kopf.Body, type: str | None, **_: object) -> bool:
     # Only a ready or failed snapshot moves its Checkpoint on; the snapshotter's many
     # intermediate updates would each cost a reconcile that finds nothing to do (the
     # pending poll keeps the timeout's clock).
     # A snapshot being deleted (expiry, or its Checkpoint going) has nothing to tell its
     # Checkpoint either: in an expiry storm its finalizer updates cost a GET each.
-    if body.get("metadata", {}).get("deletionTimestamp"):
+    # Nor does one from a listing (start-up, or a re-list): thousands of long-ready
+    # snapshots, each a GET that finds its Checkpoint settled. Pending ones get their
+    # resume pass or poll.
+    if type is None or body.get("metadata", {}).get("deletionTimestamp"):
         return False
     state = snapshot_state(dict(body))
     return state.ready or state.error is not None
@@ -74,13 +83,7 @@ def _snapshot_settled(body: kopf.Body, **_: object) -> bool:
     labels={CHECKPOINT_LABEL: kopf.PRESENT},
     when=_snapshot_settled,
 )
-def checkpoint_snapshot_event(
-    namespace: str, labels: dict[str, str], annotations: dict[str, str], type: str | None, **_: object
-) -> None:
-    if type is None:
-        # A listing (start-up, or a re-list): thousands of long-ready snapshots, each a GET
-        # that finds its Checkpoint settled. Pending ones get their resume pass or poll.
-        return
+def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], annotations: dict[str, str], **_: object) -> None:
     # The label holds a hashed name when the checkpoint's is longer than a label value may be.
     name = annotations.get(CHECKPOINT_LABEL) or labels[CHECKPOINT_LABEL]
     with count_errors("checkpoint"):

@@ -43,13 +43,24 @@ def _advance(namespace: str, session: str, index: kopf.Index) -> None:
             fork.reconcile_fork(namespace, name, settings)
 
 
-@kopf.on.event(*SESSIONS, id="fork_session_event")
+# Filters, so the events of the thousands of sessions no fork waits on cost no worker thread.
+def _awaited_session(namespace: str, name: str, forks_by_session: kopf.Index, **_: object) -> bool:
+    return (namespace, name) in forks_by_session
+
+
+def _awaited_child(namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, **_: object) -> bool:
+    return (namespace, labels.get(SESSION_LABEL)) in forks_by_session
+
+
+@kopf.on.event(*SESSIONS, id="fork_session_event", when=_awaited_session)
 def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, **_: object) -> None:
     _advance(namespace, name, forks_by_session)
 
 
-@kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_pod_event")
-@kopf.on.event("", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_claim_event")
+@kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_pod_event", when=_awaited_child)
+@kopf.on.event(
+    "", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_claim_event", when=_awaited_child
+)
 def fork_child_event(namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, **_: object) -> None:
     _advance(namespace, labels[SESSION_LABEL], forks_by_session)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 
@@ -23,9 +24,9 @@ settings = load()
 @kopf.on.resume(*SESSIONS, id="session_resume")
 @kopf.on.create(*SESSIONS, id="session_create")
 @kopf.on.update(*SESSIONS, id="session_update")
-def session_reconcile(namespace: str, name: str, **_: object) -> None:
+def session_reconcile(namespace: str, name: str, body: kopf.Body, **_: object) -> None:
     with count_errors("session"):
-        reconcile.reconcile_session(namespace, name)
+        reconcile.reconcile_session(namespace, name, seen=copy.deepcopy(dict(body)))
 
 
 # The safety re-reconcile of every Session, without a kopf timer per Session (which would
@@ -67,20 +68,19 @@ def session_resync_loop(**_: object) -> None:
 RESYNC_TICK_SECONDS = 5.0
 
 
-@kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT})
-@kopf.on.event("", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT})
-def session_workload_event(
+def _child_changed(type: str | None, body: kopf.Body, resource: kopf.Resource, **_: object) -> bool:
+    # A filter (it records nothing): events that change nothing a pass reads cost no worker
+    # thread. Each checkpoint's snapshot adds and removes a finalizer on the claim, and the
+    # start-up listing of every Pod, claim and chunk is covered by the Sessions' resume passes.
+    return reconcile.child_changed(resource.plural, type, dict(body), record=False)
+
+
+@kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, when=_child_changed)
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, when=_child_changed)
+@kopf.on.event("", "v1", "configmaps", labels={SESSION_LABEL: kopf.PRESENT}, when=_child_changed)
+def session_child_event(
     namespace: str, labels: dict[str, str], type: str | None, body: kopf.Body, resource: kopf.Resource, **_: object
 ) -> None:
-    # Each checkpoint's snapshot adds and removes a finalizer on the claim: skip such events,
-    # and the start-up listing, which the Sessions' own resume passes cover.
     if reconcile.child_changed(resource.plural, type, dict(body)):
-        with count_errors("session"):
-            reconcile.reconcile_session(namespace, labels[SESSION_LABEL])
-
-
-@kopf.on.event("", "v1", "configmaps", labels={SESSION_LABEL: kopf.PRESENT})
-def session_log_event(namespace: str, labels: dict[str, str], type: str | None, body: kopf.Body, **_: object) -> None:
-    if reconcile.child_changed("configmaps", type, dict(body)):
         with count_errors("session"):
             reconcile.reconcile_session(namespace, labels[SESSION_LABEL])
