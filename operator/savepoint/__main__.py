@@ -7,10 +7,12 @@ import logging
 
 import kopf
 
+from savepoint import memory
 from savepoint.config import load
 
 
 def main() -> None:
+    memory.limit_arenas()  # before any thread starts
     settings = load()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     import savepoint.handlers  # noqa: F401  (registers the handlers)

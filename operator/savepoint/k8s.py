@@ -464,6 +464,16 @@ def get_role_binding(namespace: str, name: str) -> dict | None:
         raise
 
 
+def list_roles(namespace: str, label_selector: str) -> list[dict]:
+    return _raw(rbac().list_namespaced_role(namespace, label_selector=label_selector, _preload_content=False))["items"]
+
+
+def list_role_bindings(namespace: str, label_selector: str) -> list[dict]:
+    return _raw(rbac().list_namespaced_role_binding(namespace, label_selector=label_selector, _preload_content=False))[
+        "items"
+    ]
+
+
 def set_role_rules(namespace: str, name: str, rules: list[dict]) -> None:
     """Replace a Role's rules (a merge patch replaces the whole list)."""
     rbac().patch_namespaced_role(

@@ -4,6 +4,11 @@ A burst of work (thousands of objects created at once, each watch event a parsed
 body) leaves the C heap with free pages that glibc keeps for reuse, so the resident size
 stays at the burst's peak long after it. malloc_trim returns them; it is cheap when there
 is little to return.
+
+glibc also gives threads arenas of their own, up to eight per core, each keeping its own
+free pages: with the operator's dozens of threads (kopf's workers, the expiry and poll
+workers, the client's connections) a burst leaves freed memory spread over many arenas.
+limit_arenas() caps them, as MALLOC_ARENA_MAX would, if called before those threads start.
 """
 
 from __future__ import annotations
@@ -21,6 +26,18 @@ try:
             _libc = None
 except OSError:
     _libc = None
+
+
+# mallopt's parameter number for the arena cap (glibc's malloc.h).
+_M_ARENA_MAX = -8
+ARENAS = 2
+
+
+def limit_arenas(count: int = ARENAS) -> bool:
+    """Cap glibc's malloc arenas; False where the C library has no such setting."""
+    if _libc is None:
+        return False
+    return bool(_libc.mallopt(_M_ARENA_MAX, count))
 
 
 def release() -> bool:

@@ -206,3 +206,44 @@ def test_no_secret_reaches_a_status_an_event_or_the_log(operator, sandbox_policy
     for what, text in written:
         for kind, value in PLANTED.items():
             assert value not in text, f"the {kind} value was written into {what}"
+
+
+def test_after_a_restart_sandbox_roles_are_learned_per_namespace_not_per_session(operator, api, crds, namespace):
+    """The first Session pass in a namespace lists the sandbox Roles and RoleBindings once;
+    the thousands of resume passes after a restart then read none of them one by one. A
+    Role whose RoleBinding is gone is not trusted: that Session's pass reads and mends it."""
+    from prometheus_client import REGISTRY
+
+    from savepoint.controllers import sandbox as access
+
+    rbac_api = client.RbacAuthorizationV1Api(api)
+    bodies = [make_session(crds, namespace, name) for name in ("r1", "r2", "r3")]
+    for body in bodies:
+        wait_phase(crds, namespace, body["metadata"]["name"], "Ready", timeout=90)
+    rbac_api.delete_namespaced_role_binding(account_name("r3"), namespace)
+
+    def sent(verb: str) -> float:  # the verb is the HTTP method: a LIST is a GET
+        return sum(
+            REGISTRY.get_sample_value("savepoint_api_requests_total", {"verb": verb, "code": code}) or 0
+            for code in ("200", "201", "404")
+        )
+
+    # This test's process plays the restarted operator: nothing remembered yet.
+    assert namespace not in access._listed and not any(b["metadata"]["uid"] in access._granted for b in bodies)
+    gets = sent("GET")
+    for body in bodies[:2]:
+        assert access.ensure_sandbox_access(body, newest=1) == account_name(body["metadata"]["name"])
+    assert sent("GET") - gets == 2, "not one listing of Roles and one of RoleBindings for the namespace"
+    for body in bodies[:2]:
+        role = rbac_api.read_namespaced_role(account_name(body["metadata"]["name"]), namespace)
+        names = [n for rule in role.rules for n in rule.resource_names or []]
+        assert access._granted[body["metadata"]["uid"]] == max(int(n.rsplit("-", 1)[1]) for n in names)
+
+    assert bodies[2]["metadata"]["uid"] not in access._granted  # its RoleBinding is gone
+    access.ensure_sandbox_access(bodies[2], newest=1)
+    assert sent("GET") > gets
+    wait_for(
+        lambda: rbac_api.read_namespaced_role_binding(account_name("r3"), namespace),
+        timeout=10,
+        what="the missing RoleBinding made again",
+    )

@@ -215,3 +215,47 @@ def test_the_operator_counts_event_log_appends_and_conflicts(monkeypatch):
     log.append_many([("unit.test", {}), ("unit.test", {"n": 2})])
     assert metrics.log_appends.labels("unit.test")._value.get() == appended + 2
     assert metrics.log_conflicts._value.get() == conflicts + 1
+
+
+# Allocates from 16 threads at once, then prints glibc's malloc_info (one <heap> per arena).
+_ARENA_PROBE = """
+import ctypes, sys, threading
+from savepoint import memory
+if sys.argv[1] == "capped":
+    assert memory.limit_arenas()
+start = threading.Barrier(16)
+def churn():
+    start.wait()
+    for _ in range(50):
+        keep = [bytearray(4096) for _ in range(64)]
+        del keep
+threads = [threading.Thread(target=churn) for _ in range(16)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL(None)
+libc.fdopen.restype = ctypes.c_void_p
+out = ctypes.c_void_p(libc.fdopen(1, b"w"))
+libc.malloc_info(0, out)
+libc.fflush(out)
+"""
+
+
+def test_the_operator_caps_malloc_arenas():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    operator = str(Path(__file__).resolve().parents[2] / "operator")
+
+    def heaps(mode: str) -> int:
+        done = subprocess.run(
+            [sys.executable, "-c", _ARENA_PROBE, mode],
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": operator},
+            check=True,
+        )
+        return done.stdout.count("<heap nr=")
+
+    assert heaps("capped") <= 2
+    assert heaps("default") > 2  # what the cap is there for: an arena per busy thread

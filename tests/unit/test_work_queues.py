@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from savepoint.controllers.checkpoint import ExpiryQueue
-from savepoint.controllers.session import child_changed
+from savepoint.controllers.session import child_changed, made_child
 from savepoint.polling import PollQueue
 from savepoint.session import child_digest
 
@@ -108,6 +108,28 @@ def test_child_changed_skips_repeats_but_never_a_deletion():
     assert child_changed("persistentvolumeclaims", "ADDED", body)  # forgotten on deletion
     body["spec"]["volumeName"] = "pv-2"
     assert child_changed("persistentvolumeclaims", None, body)  # changed while the watch was down
+
+
+def test_a_child_the_pass_made_starts_no_pass_when_its_added_event_comes():
+    pod = claim(uid="made-uid", phase="Pending")
+    pod["metadata"]["name"] = "made-by-a-pass"
+    made_child("pods", pod)
+    assert not child_changed("pods", "ADDED", pod)
+    pod["status"]["phase"] = "Running"
+    assert child_changed("pods", "MODIFIED", pod)
+    made_child("pods", {"metadata": {"namespace": "ns", "name": "no-uid"}})  # a template, not what was made
+    assert child_changed("pods", "ADDED", {"metadata": {"namespace": "ns", "name": "no-uid", "uid": "u"}})
+
+
+def test_a_filter_asks_without_recording():
+    body = claim(uid="filter-uid")
+    body["metadata"]["name"] = "filter-claim"
+    assert child_changed("persistentvolumeclaims", "ADDED", body, record=False)
+    assert child_changed("persistentvolumeclaims", "ADDED", body, record=False)  # still unknown
+    assert child_changed("persistentvolumeclaims", "ADDED", body)  # the handler records
+    assert not child_changed("persistentvolumeclaims", "MODIFIED", body, record=False)
+    assert child_changed("persistentvolumeclaims", "DELETED", body, record=False)
+    assert not child_changed("persistentvolumeclaims", "MODIFIED", body)  # a filter's DELETED forgot nothing
 
 
 def test_every_change_to_a_log_chunk_counts():

@@ -4,11 +4,14 @@ The ServiceAccount, Role and RoleBinding are named after the session and owned b
 so a retry finds what the first try made and deleting the Session deletes them. The
 Role's window of chunk names is widened as the log grows; which window was granted is
 remembered in memory and compared with the chunk listing the Session pass makes anyway,
-so a pass usually costs no request here. A restart re-reads the Role.
+so a pass usually costs no request here. After a restart, the first pass in a namespace
+lists the sandbox Roles and RoleBindings there (two requests per namespace, not two GETs
+per Session).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -17,10 +20,47 @@ from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s, sandbox
 from savepoint.eventlog import EventLog
+from savepoint.session import MANAGED_BY, SESSION_LABEL
 
 # Session uid -> the highest chunk index its Role is known to cover.
 _granted: dict[str, int] = {}
 _guard = threading.Lock()
+# Namespace -> a lock held while its sandbox Roles are listed; present once they have been.
+_listing: dict[str, threading.Lock] = {}
+_listed: set[str] = set()
+SANDBOX_SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), SESSION_LABEL])
+
+log = logging.getLogger(__name__)
+
+
+def _learn_namespace(namespace: str) -> None:
+    """Remember the window of every sandbox Role in the namespace whose RoleBinding exists
+    too (it is made last, so both mean the ServiceAccount is there): once per namespace
+    per process, so the thousands of resume passes after a restart do not each read two."""
+    with _guard:
+        if namespace in _listed:
+            return
+        lock = _listing.setdefault(namespace, threading.Lock())
+    with lock:
+        if namespace in _listed:
+            return
+        try:
+            bound = {
+                ref["uid"]
+                for binding in k8s.list_role_bindings(namespace, SANDBOX_SELECTOR)
+                for ref in binding["metadata"].get("ownerReferences") or []
+            }
+            roles = k8s.list_roles(namespace, SANDBOX_SELECTOR)
+        except ApiException as err:
+            # Say, a ClusterRole from before `list` was granted: read each one instead.
+            log.warning("cannot list sandbox Roles in %s (%s); reading them one by one", namespace, err.status)
+            roles, bound = [], set()
+        with _guard:
+            for role in roles:
+                for ref in role["metadata"].get("ownerReferences") or []:
+                    if ref.get("kind") == "Session" and ref["uid"] in bound:
+                        _granted.setdefault(ref["uid"], sandbox.granted_window(role))
+            _listed.add(namespace)
 
 
 def _owned_by(obj: dict, body: dict) -> bool:
@@ -45,6 +85,7 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
     meta = body["metadata"]
     namespace, session, uid = meta["namespace"], meta["name"], meta["uid"]
     name = sandbox.account_name(session)
+    _learn_namespace(namespace)
     with _guard:
         granted = _granted.get(uid)
     if granted is None:

@@ -84,6 +84,15 @@ def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record
         return known != digest
 
 
+def made_child(kind: str, obj: dict[str, Any]) -> None:
+    """Remember a Pod or claim a pass has just created, as the create answered: its ADDED
+    event then shows nothing new and starts no pass (the pass that made it has the rest)."""
+    meta = obj.get("metadata") or {}
+    if meta.get("uid"):
+        with _children_guard:
+            _children[(kind, meta.get("namespace", ""), meta.get("name", ""))] = child_digest(obj)
+
+
 def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None) -> None:
     """One pass over a Session. `seen` is its body as the watch just delivered it: the
     first pass in this process (the resume pass at start-up, thousands at once) starts
@@ -140,6 +149,7 @@ def _reconcile(body: dict[str, Any]) -> None:
     pvc = k8s.get_pvc(namespace, claim)
     if pvc is None and hold is None and not reclaimed:
         pvc = k8s.ensure_pvc(build_pvc(body, spec, claim))
+        made_child("persistentvolumeclaims", pvc)
     elif pvc is not None and not _owned_by(pvc, body):
         # A claim left by an earlier Session of the same name, still being collected.
         raise kopf.TemporaryError(f"PersistentVolumeClaim {claim} belongs to another object", delay=2)
@@ -154,6 +164,7 @@ def _reconcile(body: dict[str, Any]) -> None:
     elif pod is None:
         try:
             pod = k8s.ensure_pod(build_pod(body, spec, claim, now_ms()))
+            made_child("pods", pod)
         except PodTemplateError as err:
             template_error = str(err)
         except ApiException as err:
