@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -466,15 +467,16 @@ def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:
     return False
 
 
-def _expire_all(due: list[dict]) -> int:
-    if len(due) == 1:
-        return int(_expire_logged(due[0]))
+def _count_done(expire_one: Callable[[Any], bool], due: list) -> int:
+    """Run expire_one over due (one inline, more on the expiry workers); how many succeeded."""
+    if len(due) <= 1:
+        return sum(map(expire_one, due))
     with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
-        return sum(pool.map(_expire_logged, due))
+        return sum(pool.map(expire_one, due))
 
 
 def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
-    """One pass over every checkpoint, listed: expire the overdue, delete Expired past the
+    """One pass over every checkpoint, listed: expire the overdue, delete Expired and Failed past the
     grace. Run once at start-up; afterwards drain() works from the watch-fed queue."""
     now = now or _now()
     counts = {"expired": 0, "deleted": 0}
@@ -488,8 +490,7 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
             elif action == "delete":
                 k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
                 counts["deleted"] += 1
-    if due:
-        counts["expired"] += _expire_all(due)
+    counts["expired"] += _count_done(_expire_logged, due)
     return counts
 
 
@@ -501,11 +502,7 @@ def drain(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     for namespace, name in to_delete:
         k8s.delete_custom("checkpoints", namespace, name)
         counts["deleted"] += 1
-    if len(to_expire) == 1:
-        counts["expired"] += _expire_fresh(to_expire[0], settings)
-    elif to_expire:
-        with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
-            counts["expired"] += sum(pool.map(lambda key: _expire_fresh(key, settings), to_expire))
+    counts["expired"] += _count_done(lambda key: _expire_fresh(key, settings), to_expire)
     return counts
 
 
