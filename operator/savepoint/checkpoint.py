@@ -19,6 +19,9 @@ from savepoint.models import CheckpointSpec, SessionPhase
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
 CHECKPOINT_LABEL = "savepoint.dev/checkpoint"
+# On the VolumeSnapshot of a settled (Ready) checkpoint: the operator's snapshot watch
+# selects only snapshots without it, so a restart need not list and filter every one.
+SETTLED_LABEL = "savepoint.dev/settled"
 AUTOMATIC_LABEL = "savepoint.dev/automatic"
 
 ANNOTATION_TTL = "savepoint.dev/checkpoint-ttl"

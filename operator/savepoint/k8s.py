@@ -176,6 +176,11 @@ def ensure_pvc(body: dict) -> dict:
     return existing or body
 
 
+def list_pods(namespace: str, label_selector: str) -> list[dict]:
+    response = core().list_namespaced_pod(namespace, label_selector=label_selector, _preload_content=False)
+    return _raw(response).get("items", [])
+
+
 def list_pvcs(namespace: str, label_selector: str) -> list[dict]:
     response = core().list_namespaced_persistent_volume_claim(
         namespace, label_selector=label_selector, _preload_content=False
@@ -302,6 +307,17 @@ def ensure_volume_snapshot(body: dict) -> dict:
         if err.status != 409:
             raise
     return get_volume_snapshot(ns, name) or body
+
+
+def label_volume_snapshot(namespace: str, name: str, labels: dict[str, str]) -> None:
+    """Merge labels into a VolumeSnapshot (gone already is fine)."""
+    try:
+        custom().patch_namespaced_custom_object(
+            SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name, {"metadata": {"labels": labels}}
+        )
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
 
 def request_volume_snapshot_deletion(namespace: str, name: str) -> None:

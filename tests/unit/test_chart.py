@@ -133,7 +133,7 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
         | grant("", ["events"], "create patch")
         | grant("events.k8s.io", ["events"], "create patch")
         | grant("storage.k8s.io", ["storageclasses"], "get")
-        | grant("snapshot.storage.k8s.io", ["volumesnapshots"], "get list watch create delete")
+        | grant("snapshot.storage.k8s.io", ["volumesnapshots"], "get list watch create patch delete")
         | grant("snapshot.storage.k8s.io", ["volumesnapshotclasses"], "get list")
         | grant("apiextensions.k8s.io", ["customresourcedefinitions"], "get list watch")
         | grant("kopf.dev", ["clusterkopfpeerings", "kopfpeerings"], "get list watch patch")

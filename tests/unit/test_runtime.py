@@ -259,3 +259,34 @@ def test_the_operator_caps_malloc_arenas():
 
     assert heaps("capped") <= 2
     assert heaps("default") > 2  # what the cap is there for: an arena per busy thread
+
+
+# --- what kopf watches ----------------------------------------------------------------
+
+
+def test_every_watched_child_kind_is_selected_by_label_on_the_server():
+    """kopf applies a handler's labels= filter after receiving the object: each kind with
+    such a handler needs the same label as a server-side selector, or kopf lists and
+    watches every Pod, claim, ConfigMap or snapshot in the namespace."""
+    import kopf
+    from kopf._cogs.structs.references import Resource
+
+    from savepoint import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.operator.operator_configure(settings=settings)
+    registry = kopf.get_default_registry()
+    filtered = [h for reg in (registry._watching, registry._changing) for h in reg.get_all_handlers() if h.labels]
+    assert {h.selector.any_name for h in filtered} >= {
+        "pods",
+        "persistentvolumeclaims",
+        "configmaps",
+        "volumesnapshots",
+    }
+    for handler in filtered:
+        sel = handler.selector
+        resource = Resource(group=sel.group, version=sel.version, plural=sel.any_name)
+        (server_side,) = settings.watching.label_selectors.collect(resource)
+        required = {term for term in server_side.split(",") if not term.startswith("!")}
+        assert required == set(handler.labels), f"{sel.any_name}: {server_side} vs {handler.labels}"
+    assert settings.watching.label_selectors.collect(Resource("savepoint.dev", "v1alpha1", "sessions")) == []

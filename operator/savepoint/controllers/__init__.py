@@ -23,9 +23,11 @@ def object_lock(kind: str, namespace: str, name: str) -> threading.Lock:
 _done: dict[tuple[str, str, str], float] = {}
 
 
-def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], None]) -> None:
+def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], float | None]) -> None:
     """Run reconcile under the object's lock, unless a pass that started after we were
     asked has already succeeded: it observed everything we would (a work queue's dedupe).
+    A reconcile that worked from something read before it started returns when that was
+    read (monotonic): a pass asked for after that moment is not skipped.
 
     At start-up kopf asks for a Session's reconcile once for the Session and once per
     Pod, claim and log chunk it owns; under load a checkpoint's snapshot sends several
@@ -37,8 +39,8 @@ def one_pass(kind: str, namespace: str, name: str, reconcile: Callable[[], None]
         if _done.get(key, float("-inf")) > asked:
             return
         started = time.monotonic()
-        reconcile()
-        _done[key] = started
+        observed = reconcile()
+        _done[key] = started if observed is None else min(started, observed)
 
 
 def has_run(kind: str, namespace: str, name: str) -> bool:

@@ -20,6 +20,7 @@ import kopf
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
+    SETTLED_LABEL,
     FailReason,
     PolicyError,
     QuotaUse,
@@ -311,6 +312,11 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         },
         event=("Ready", f"VolumeSnapshot {status.get('volumeSnapshotName')} is ready ({restore_size or '?'} bytes)"),
     )
+    # The snapshot has nothing more to tell a Ready checkpoint: the label takes it out of
+    # the operator's snapshot watch (handlers/operator.py), so at a restart kopf does not
+    # list and filter thousands of long-ready snapshots. Written after Ready: a pass that
+    # stops in between leaves only a snapshot that is still watched, which is harmless.
+    k8s.label_volume_snapshot(meta["namespace"], status["volumeSnapshotName"], {SETTLED_LABEL: "true"})
 
 
 def _already_logged(elog, uid: str, through: int) -> bool:

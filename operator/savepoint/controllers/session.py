@@ -25,6 +25,7 @@ from savepoint.sandbox import chunk_index
 from savepoint.session import (
     POD_BOOT_MS,
     POD_CREATED_MS,
+    SESSION_LABEL,
     Observed,
     PodTemplateError,
     build_pod,
@@ -93,23 +94,70 @@ def made_child(kind: str, obj: dict[str, Any]) -> None:
             _children[(kind, meta.get("namespace", ""), meta.get("name", ""))] = child_digest(obj)
 
 
-def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None) -> None:
+# How long the Pods and claims listed for a namespace's resume passes serve them.
+RESUME_LISTING_SECONDS = 60.0
+# Namespace -> (monotonic time of the listing, Pods by name, claims by name). Each resume
+# pass takes its Session's own out, so the maps empty as the passes run.
+_resume_listings: dict[str, tuple[float, dict[str, dict], dict[str, dict]]] = {}
+_resume_locks: dict[str, threading.Lock] = {}
+_resume_guard = threading.Lock()
+
+
+class ResumeChildren:
+    """A Session's Pod and claim as of one listing of its namespace's (SESSION_LABEL):
+    after a restart, the first resume pass in a namespace lists them once, and the
+    thousands of resume passes that follow read none one by one (two GETs each)."""
+
+    def __init__(self, namespace: str, session: str) -> None:
+        with _resume_guard:
+            lock = _resume_locks.setdefault(namespace, threading.Lock())
+        with lock:
+            listed = _resume_listings.get(namespace)
+            if listed is None or time.monotonic() - listed[0] > RESUME_LISTING_SECONDS:
+                at = time.monotonic()
+                pods = {p["metadata"]["name"]: p for p in k8s.list_pods(namespace, SESSION_LABEL)}
+                claims = {c["metadata"]["name"]: c for c in k8s.list_pvcs(namespace, SESSION_LABEL)}
+                listed = _resume_listings[namespace] = (at, pods, claims)
+        self.listed_at, self._pods, self._claims = listed
+        self._session = session
+
+    def pod(self, name: str) -> dict | None:
+        return self._take(self._pods, name)
+
+    def claim(self, name: str) -> dict | None:
+        return self._take(self._claims, name)
+
+    def _take(self, objects: dict[str, dict], name: str) -> dict | None:
+        # Only a child of this Session: its name, derived from the Session's, could also
+        # be another's; what is not taken is dropped with the listing.
+        with _resume_guard:
+            obj = objects.get(name)
+            if obj is None or (obj["metadata"].get("labels") or {}).get(SESSION_LABEL) != self._session:
+                return None
+            return objects.pop(name)
+
+
+def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None, resumed: bool = False) -> None:
     """One pass over a Session. `seen` is its body as the watch just delivered it: the
     first pass in this process (the resume pass at start-up, thousands at once) starts
     from it instead of reading it again; later passes read it fresh, since a pass that
-    ran in between may have changed its status."""
+    ran in between may have changed its status. A first pass that is a resume (`resumed`)
+    also takes its Pod and claim from its namespace's listing (ResumeChildren)."""
 
-    def reconcile() -> None:
+    def reconcile() -> float | None:
         fresh = seen is not None and not has_run("session", namespace, name)
         body = seen if fresh else k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        _reconcile(body)
+            return None
+        children = ResumeChildren(namespace, name) if fresh and resumed else None
+        _reconcile(body, children)
+        # Observed as of the listing: a child event after it still gets its own pass.
+        return children.listed_at if children else None
 
     one_pass("session", namespace, name, reconcile)
 
 
-def _reconcile(body: dict[str, Any]) -> None:
+def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> None:
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     spec = SessionSpec.model_validate(body.get("spec") or {})
@@ -146,7 +194,7 @@ def _reconcile(body: dict[str, Any]) -> None:
         claim, resumed = resume_reclaimed(body, spec, elog, reclaimed)
         extra.update(resumed)
 
-    pvc = k8s.get_pvc(namespace, claim)
+    pvc = children.claim(claim) if children else k8s.get_pvc(namespace, claim)
     if pvc is None and hold is None and not reclaimed:
         pvc = k8s.ensure_pvc(build_pvc(body, spec, claim))
         made_child("persistentvolumeclaims", pvc)
@@ -154,7 +202,7 @@ def _reconcile(body: dict[str, Any]) -> None:
         # A claim left by an earlier Session of the same name, still being collected.
         raise kopf.TemporaryError(f"PersistentVolumeClaim {claim} belongs to another object", delay=2)
 
-    pod = k8s.get_pod(namespace, pod_name(name))
+    pod = children.pod(pod_name(name)) if children else k8s.get_pod(namespace, pod_name(name))
     if pod is not None and not _owned_by(pod, body):
         raise kopf.TemporaryError(f"Pod {pod_name(name)} belongs to another object", delay=2)
     template_error = None

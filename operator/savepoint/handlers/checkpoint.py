@@ -70,7 +70,9 @@ def _snapshot_settled(body: kopf.Body, type: str | None, **_: object) -> bool:
     # Nor does one from a listing (start-up, or a re-list): thousands of long-ready
     # snapshots, each a GET that finds its Checkpoint settled. Pending ones get their
     # resume pass or poll.
-    if type is None or body.get("metadata", {}).get("deletionTimestamp"):
+    # DELETED also comes when a snapshot leaves the watch's selector, as every one does
+    # once labelled settled (handlers/operator.py): its Checkpoint is Ready already.
+    if type in (None, "DELETED") or body.get("metadata", {}).get("deletionTimestamp"):
         return False
     state = snapshot_state(dict(body))
     return state.ready or state.error is not None

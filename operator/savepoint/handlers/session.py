@@ -24,9 +24,11 @@ settings = load()
 @kopf.on.resume(*SESSIONS, id="session_resume")
 @kopf.on.create(*SESSIONS, id="session_create")
 @kopf.on.update(*SESSIONS, id="session_update")
-def session_reconcile(namespace: str, name: str, body: kopf.Body, **_: object) -> None:
+def session_reconcile(namespace: str, name: str, body: kopf.Body, reason: str, **_: object) -> None:
     with count_errors("session"):
-        reconcile.reconcile_session(namespace, name, seen=copy.deepcopy(dict(body)))
+        reconcile.reconcile_session(
+            namespace, name, seen=copy.deepcopy(dict(body)), resumed=reason == kopf.Reason.RESUME
+        )
 
 
 # The safety re-reconcile of every Session, without a kopf timer per Session (which would
