@@ -161,3 +161,31 @@ def test_invalid_pod_template_fails_with_the_field(operator, crds, namespace):
     ready = next(c for c in body["status"]["conditions"] if c["type"] == "Ready")
     assert ready["reason"] == "InvalidPodTemplate"
     assert "spec.podTemplate.spec.containers" in ready["message"]
+
+
+def test_resume_passes_take_pods_and_claims_from_one_listing_per_namespace(operator, crds, namespace, monkeypatch):
+    """After a restart, the first resume pass in a namespace lists its Session Pods and
+    claims once, and the other resume passes there read none of them one by one (two GETs
+    each before). A later pass, not a resume, reads them fresh."""
+    from savepoint import k8s
+    from savepoint.controllers import session as controller
+
+    names = ("r1", "r2", "r3")
+    for name in names:
+        make_session(crds, namespace, name)
+    bodies = [wait_phase(crds, namespace, name, "Ready", timeout=90) for name in names]
+
+    calls: list[str] = []
+    for fn_name in ("get_pod", "get_pvc", "list_pods", "list_pvcs"):
+        real = getattr(k8s, fn_name)
+        monkeypatch.setattr(k8s, fn_name, lambda *args, _real=real, _name=fn_name: calls.append(_name) or _real(*args))
+
+    # This test's process plays the restarted operator: no pass has run here yet.
+    for name, body in zip(names, bodies, strict=True):
+        controller.reconcile_session(namespace, name, seen=body, resumed=True)
+    assert sorted(calls) == ["list_pods", "list_pvcs"], "not one listing of each for the namespace"
+    for name in names:  # the passes found their Pods and claims: nothing made again, still Ready
+        assert get_session(crds, namespace, name)["status"]["phase"] == "Ready"
+
+    controller.reconcile_session(namespace, "r1")
+    assert sorted(calls) == ["get_pod", "get_pvc", "list_pods", "list_pvcs"]

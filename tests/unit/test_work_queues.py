@@ -195,3 +195,28 @@ def test_forget_keeps_a_lock_a_pass_still_holds():
         assert controllers.object_lock("session", "ns", "busy") is lock
     controllers.forget("session", "ns", "busy")
     assert controllers.object_lock("session", "ns", "busy") is not lock
+
+
+def test_a_pass_from_an_older_listing_does_not_swallow_a_pass_asked_after_it(monkeypatch):
+    """one_pass skips a pass when one that started after it was asked has succeeded. A
+    resume pass that works from its namespace's listing saw the cluster as of the listing,
+    not as of its start: a pass asked in between (a Pod deleted after the listing) runs."""
+    from savepoint import controllers
+
+    clock = [10.0]
+    monkeypatch.setattr(controllers.time, "monotonic", lambda: clock[0])
+    ran: list[str] = []
+    listed_at = 10.0  # the namespace listing
+    clock[0] = 20.0  # the resume pass starts later, and reports what it worked from
+    controllers.one_pass("session", "ns", "listed", lambda: ran.append("resume") or listed_at)
+    clock[0] = 15.0  # a child event between the listing and that pass, served after it
+    controllers.one_pass("session", "ns", "listed", lambda: ran.append("event"))
+    assert ran == ["resume", "event"]
+
+    clock[0] = 30.0  # a pass that read everything itself still coalesces what came before it
+    controllers.one_pass("session", "ns", "fresh", lambda: ran.append("fresh"))
+    clock[0] = 25.0
+    controllers.one_pass("session", "ns", "fresh", lambda: ran.append("skipped"))
+    assert ran[-1] == "fresh"
+    controllers.forget("session", "ns", "listed")
+    controllers.forget("session", "ns", "fresh")
