@@ -290,3 +290,40 @@ def test_every_watched_child_kind_is_selected_by_label_on_the_server():
         required = {term for term in server_side.split(",") if not term.startswith("!")}
         assert required == set(handler.labels), f"{sel.any_name}: {server_side} vs {handler.labels}"
     assert settings.watching.label_selectors.collect(Resource("savepoint.dev", "v1alpha1", "sessions")) == []
+
+
+def test_kopf_logs_no_line_per_watch_event_but_keeps_the_rest():
+    """Watch-event handlers run on every event of every object (one line per listed object
+    at a restart); their success lines are dropped, through kopf's own loggers."""
+    import logging
+
+    import kopf
+    from kopf._cogs.structs.bodies import Body
+    from kopf._core.actions.loggers import LocalObjectLogger, ObjectLogger
+
+    from savepoint import handlers
+
+    settings = kopf.OperatorSettings()
+    handlers.operator.operator_configure(settings=settings)
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    collect = Collect()
+    kopf_objects = logging.getLogger("kopf.objects")
+    kopf_objects.addHandler(collect)
+    try:
+        body = Body({"apiVersion": "savepoint.dev/v1alpha1", "kind": "Checkpoint", "metadata": {"name": "c"}})
+        watch_logger = LocalObjectLogger(body=body, settings=settings)
+        change_logger = ObjectLogger(body=body, settings=settings)
+        watch_logger.info("Handler 'checkpoint_clocks' succeeded.")
+        watch_logger.error("Handler 'checkpoint_clocks' failed with an exception. Will ignore.")
+        change_logger.info("Handler 'checkpoint_create' succeeded.")
+    finally:
+        kopf_objects.removeHandler(collect)
+    assert seen == [
+        "Handler 'checkpoint_clocks' failed with an exception. Will ignore.",
+        "Handler 'checkpoint_create' succeeded.",
+    ]

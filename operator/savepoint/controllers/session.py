@@ -114,6 +114,7 @@ class ResumeChildren:
         with lock:
             listed = _resume_listings.get(namespace)
             if listed is None or time.monotonic() - listed[0] > RESUME_LISTING_SECONDS:
+                _drop_old_listings()
                 at = time.monotonic()
                 pods = {p["metadata"]["name"]: p for p in k8s.list_pods(namespace, SESSION_LABEL)}
                 claims = {c["metadata"]["name"]: c for c in k8s.list_pvcs(namespace, SESSION_LABEL)}
@@ -135,6 +136,14 @@ class ResumeChildren:
             if obj is None or (obj["metadata"].get("labels") or {}).get(SESSION_LABEL) != self._session:
                 return None
             return objects.pop(name)
+
+
+def _drop_old_listings() -> None:
+    """What no resume pass took goes with its listing's time, in every namespace."""
+    cutoff = time.monotonic() - RESUME_LISTING_SECONDS
+    with _resume_guard:
+        for namespace in [ns for ns, listed in _resume_listings.items() if listed[0] < cutoff]:
+            del _resume_listings[namespace]
 
 
 def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None, resumed: bool = False) -> None:
