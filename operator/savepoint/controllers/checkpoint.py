@@ -8,6 +8,7 @@ Checkpoint, so a restart at any line resumes where it stopped.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from collections.abc import Callable
@@ -40,7 +41,7 @@ from savepoint.checkpoint import (
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
-from savepoint.controllers import object_lock, one_pass
+from savepoint.controllers import has_run, object_lock, one_pass
 from savepoint.controllers.session import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor, effective_history, summarize
@@ -72,13 +73,24 @@ def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = N
         k8s.post_event(body, event[0], event[1], warning=warn)
 
 
-def reconcile_checkpoint(namespace: str, name: str, settings: Settings | None = None) -> None:
+def reconcile_checkpoint(
+    namespace: str,
+    name: str,
+    settings: Settings | None = None,
+    seen: dict | None = None,
+    snapshot: dict | None = None,
+) -> None:
+    """One pass over a Checkpoint. `seen` is its body as the watch just delivered it: the
+    first pass in this process (its create, or its resume at start-up) starts from it, as
+    a Session's does, instead of reading it again. `snapshot` is its VolumeSnapshot as a
+    watch event just delivered it, read instead of a GET."""
     settings = settings or load()
-    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings))
+    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot))
 
 
-def _reconcile(namespace: str, name: str, settings: Settings) -> None:
-    body = k8s.get_custom("checkpoints", namespace, name)
+def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None) -> None:
+    fresh = seen is not None and not has_run("checkpoint", namespace, name)
+    body = copy.deepcopy(seen) if fresh else k8s.get_custom("checkpoints", namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     phase = (body.get("status") or {}).get("phase")
@@ -86,7 +98,7 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> None:
         _admit(body, settings)
         phase = body["status"]["phase"]
     if phase == CheckpointPhase.PENDING:
-        _progress(body, settings)
+        _progress(body, settings, snapshot)
 
 
 # --- admission ------------------------------------------------------------------------
@@ -216,12 +228,16 @@ def _admit(body: dict, settings: Settings) -> None:
 # --- snapshot progress ----------------------------------------------------------------
 
 
-def _progress(body: dict, settings: Settings) -> None:
+def _progress(body: dict, settings: Settings, watched: dict | None = None) -> None:
     meta, status = body["metadata"], body["status"]
     namespace = meta["namespace"]
     vs_name = status.get("volumeSnapshotName") or snapshot_name(meta["name"])
-    # Admitted in this very pass: nothing made it yet (and creating is safe to repeat).
-    snapshot = None if "_claim" in status else k8s.get_volume_snapshot(namespace, vs_name)
+    if "_claim" in status:  # admitted in this very pass: nothing made it yet (and creating is safe to repeat)
+        snapshot = None
+    elif watched is not None and watched["metadata"]["name"] == vs_name:
+        snapshot = watched
+    else:
+        snapshot = k8s.get_volume_snapshot(namespace, vs_name)
     if snapshot is None:
         claim, snapshot_class = status.get("_claim"), status.get("_class")
         if claim is None:

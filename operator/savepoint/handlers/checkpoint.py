@@ -29,11 +29,14 @@ def _unsettled(status: kopf.Status, **_: object) -> bool:
 
 @kopf.on.resume(*CHECKPOINTS, id="checkpoint_resume", when=_unsettled)
 @kopf.on.create(*CHECKPOINTS, id="checkpoint_create")
-def checkpoint_reconcile(namespace: str, name: str, status: kopf.Status, **_: object) -> None:
+def checkpoint_reconcile(
+    namespace: str, name: str, status: kopf.Status, body: kopf.Body, retry: int, **_: object
+) -> None:
     if not _unsettled(status):
         return
     with count_errors("checkpoint"):
-        checkpoint.reconcile_checkpoint(namespace, name, settings)
+        # A retry reads the Checkpoint afresh: the failed try may have written its status.
+        checkpoint.reconcile_checkpoint(namespace, name, settings, seen=dict(body) if retry == 0 else None)
 
 
 # A safety net behind the VolumeSnapshot watch, and the clock of the snapshot timeout.
@@ -85,11 +88,13 @@ def _snapshot_settled(body: kopf.Body, type: str | None, **_: object) -> bool:
     labels={CHECKPOINT_LABEL: kopf.PRESENT},
     when=_snapshot_settled,
 )
-def checkpoint_snapshot_event(namespace: str, labels: dict[str, str], annotations: dict[str, str], **_: object) -> None:
+def checkpoint_snapshot_event(
+    namespace: str, labels: dict[str, str], annotations: dict[str, str], body: kopf.Body, **_: object
+) -> None:
     # The label holds a hashed name when the checkpoint's is longer than a label value may be.
     name = annotations.get(CHECKPOINT_LABEL) or labels[CHECKPOINT_LABEL]
     with count_errors("checkpoint"):
-        checkpoint.reconcile_checkpoint(namespace, name, settings)
+        checkpoint.reconcile_checkpoint(namespace, name, settings, snapshot=dict(body))
 
 
 if settings.webhook:

@@ -58,11 +58,7 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix="savepoint.dev", key="last-handled-configuration"
     )
-    # kopf posts its own log lines about an object as Events on it. At INFO that is two or
-    # three ("Handler 'checkpoint_create' succeeded.", "Creation is processed: …") for
-    # every Checkpoint, more requests than the Events users read (Accepted, Ready, …,
-    # which savepoint posts itself). Failures and retries are warnings and still posted.
-    settings.posting.level = logging.WARNING
+    settings.posting.level = logging.INFO
     for resource, label in CHILD_SELECTORS.items():
         settings.watching.label_selectors[resource] = label
     settings.watching.server_timeout = 300
