@@ -16,7 +16,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
-from savepoint.controllers import has_run, one_pass, sandbox
+from savepoint.controllers import has_run, object_lock, one_pass, sandbox
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -99,7 +99,6 @@ RESUME_LISTING_SECONDS = 60.0
 # Namespace -> (monotonic time of the listing, Pods by name, claims by name). Each resume
 # pass takes its Session's own out, so the maps empty as the passes run.
 _resume_listings: dict[str, tuple[float, dict[str, dict], dict[str, dict]]] = {}
-_resume_locks: dict[str, threading.Lock] = {}
 _resume_guard = threading.Lock()
 
 
@@ -109,9 +108,7 @@ class ResumeChildren:
     thousands of resume passes that follow read none one by one (two GETs each)."""
 
     def __init__(self, namespace: str, session: str) -> None:
-        with _resume_guard:
-            lock = _resume_locks.setdefault(namespace, threading.Lock())
-        with lock:
+        with object_lock("resume-listing", namespace, ""):
             listed = _resume_listings.get(namespace)
             if listed is None or time.monotonic() - listed[0] > RESUME_LISTING_SECONDS:
                 _drop_old_listings()
