@@ -191,7 +191,8 @@ def get_content(crds, name: str) -> dict | None:
 
 
 def test_overdue_checkpoints_expire_when_the_operator_starts(s1, operator, crds, namespace):
-    make_checkpoint(crds, namespace, "while-down", ttl="5s")
+    # Long enough that, on a loaded machine, the operator is stopped before it expires it.
+    make_checkpoint(crds, namespace, "while-down", ttl="20s")
     body = wait_checkpoint(crds, namespace, "while-down", "Ready")
     operator.stop()
     try:
