@@ -66,6 +66,9 @@ class Settings:
     # Interval of the expiry loop, in seconds: each tick expires what the watch-fed queue
     # says is due (a full listing of checkpoints only at start-up and on take-over).
     expiry_interval_seconds: float = field(default_factory=lambda: float(_env("EXPIRY_INTERVAL_SECONDS", "5")))
+    # Threads that expire the checkpoints due at once (a storm), each sending its four
+    # requests in turn; the client's rate limit, not this, should be what paces a storm.
+    expiry_workers: int = field(default_factory=lambda: int(_env("EXPIRY_WORKERS", "16")))
     # Interval of the safety re-reconcile of every Session, in seconds.
     resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "600")))
     # Client-side rate limit of the operator's own API requests (requests per second and

@@ -67,6 +67,26 @@ def test_a_failed_expiry_goes_back_unless_the_watch_was_faster():
     assert queue.take_due(NOW, GRACE) == ([], [])
 
 
+def test_a_storm_is_expired_on_as_many_threads_as_configured(monkeypatch):
+    """SAVEPOINT_EXPIRY_WORKERS sets how many expiries run at once: each waits at a barrier
+    for that many others, which only that many threads can reach together."""
+    import threading
+
+    from savepoint.config import Settings
+    from savepoint.controllers.checkpoint import _count_done
+
+    monkeypatch.setenv("SAVEPOINT_EXPIRY_WORKERS", "6")
+    workers = Settings().expiry_workers
+    together = threading.Barrier(workers, timeout=5)
+
+    def expire_one(_key) -> bool:
+        together.wait()
+        return True
+
+    assert workers == 6
+    assert _count_done(expire_one, list(range(2 * workers)), workers) == 2 * workers
+
+
 def test_due_action_reads_one_body():
     queue = ExpiryQueue()
     assert queue.due_action(checkpoint("a", "Ready", NOW), NOW, GRACE) == "expire"

@@ -452,11 +452,6 @@ class ExpiryQueue:
 expiry_queue = ExpiryQueue()
 
 
-# Expiries run on a small work queue: a storm of thousands due at once is done in
-# parallel, while the client's rate limiter (SAVEPOINT_API_QPS) caps the request rate.
-EXPIRY_WORKERS = 8
-
-
 def _expire_logged(body: dict) -> bool:
     meta = body["metadata"]
     try:
@@ -489,11 +484,15 @@ def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:
     return False
 
 
-def _count_done(expire_one: Callable[[Any], bool], due: list) -> int:
-    """Run expire_one over due (one inline, more on the expiry workers); how many succeeded."""
-    if len(due) <= 1:
+def _count_done(expire_one: Callable[[Any], bool], due: list, workers: int) -> int:
+    """Run expire_one over due (one inline, more on `workers` threads); how many succeeded.
+
+    A storm of thousands due at once runs in parallel, while the client's rate limiter
+    (SAVEPOINT_API_QPS) caps the request rate.
+    """
+    if len(due) <= 1 or workers <= 1:
         return sum(map(expire_one, due))
-    with ThreadPoolExecutor(EXPIRY_WORKERS, thread_name_prefix="checkpoint-expiry") as pool:
+    with ThreadPoolExecutor(min(workers, len(due)), thread_name_prefix="checkpoint-expiry") as pool:
         return sum(pool.map(expire_one, due))
 
 
@@ -512,7 +511,7 @@ def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
             elif action == "delete":
                 k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
                 counts["deleted"] += 1
-    counts["expired"] += _count_done(_expire_logged, due)
+    counts["expired"] += _count_done(_expire_logged, due, settings.expiry_workers)
     return counts
 
 
@@ -524,7 +523,7 @@ def drain(settings: Settings, now: datetime | None = None) -> dict[str, int]:
     for namespace, name in to_delete:
         k8s.delete_custom("checkpoints", namespace, name)
         counts["deleted"] += 1
-    counts["expired"] += _count_done(lambda key: _expire_fresh(key, settings), to_expire)
+    counts["expired"] += _count_done(lambda key: _expire_fresh(key, settings), to_expire, settings.expiry_workers)
     return counts
 
 
