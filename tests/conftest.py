@@ -296,3 +296,53 @@ def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterato
         reg.create_validating_webhook_configuration(body)
     yield WEBHOOK_LABEL
     reg.delete_validating_webhook_configuration(name)
+
+
+# --- a snapshot that never becomes ready ---------------------------------------------
+
+SNAPSHOTS = ("snapshot.storage.k8s.io", "v1")
+
+
+@pytest.fixture
+def never_ready_class(api) -> Iterator[str]:
+    """A VolumeSnapshotClass of a CSI driver nobody runs: its snapshots never become ready.
+
+    deletionPolicy Retain, so deleting such a VolumeSnapshot does not wait for the absent
+    driver; the orphaned VolumeSnapshotContents are removed here by hand.
+    """
+    objects = client.CustomObjectsApi(api)
+    name = unique("never-ready")
+    objects.create_cluster_custom_object(
+        *SNAPSHOTS,
+        "volumesnapshotclasses",
+        {
+            "apiVersion": "/".join(SNAPSHOTS),
+            "kind": "VolumeSnapshotClass",
+            "metadata": {"name": name},
+            "driver": "never-ready.savepoint.dev",
+            "deletionPolicy": "Retain",
+        },
+    )
+    yield name
+    # Ask for it before `namespace` (or own_operator): by its teardown, theirs has deleted
+    # the namespace and with it the snapshots.
+    for content in objects.list_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents")["items"]:
+        if content["spec"].get("volumeSnapshotClassName") == name:
+            cname = content["metadata"]["name"]
+            wait_for(lambda c=cname: _force_delete_content(objects, c), timeout=30, what=f"{cname} deleted")
+    objects.delete_cluster_custom_object(*SNAPSHOTS, "volumesnapshotclasses", name)
+
+
+def _force_delete_content(objects, name: str) -> bool:
+    """Delete a VolumeSnapshotContent no driver will ever release; True once gone."""
+    try:
+        objects.delete_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents", name)
+        objects.patch_cluster_custom_object(
+            *SNAPSHOTS, "volumesnapshotcontents", name, {"metadata": {"finalizers": None}}
+        )
+        objects.get_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents", name)
+    except client.ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return False

@@ -665,48 +665,6 @@ def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, cr
 # --- 3. A snapshot that never becomes ready -------------------------------------------
 
 
-@pytest.fixture
-def never_ready_class(api) -> Iterator[str]:
-    """A VolumeSnapshotClass of a CSI driver nobody runs: its snapshots never become ready.
-
-    deletionPolicy Retain, so deleting such a VolumeSnapshot does not wait for the absent
-    driver; the orphaned VolumeSnapshotContents are removed here by hand.
-    """
-    objects = client.CustomObjectsApi(api)
-    name = unique("never-ready")
-    objects.create_cluster_custom_object(
-        *SNAP,
-        "volumesnapshotclasses",
-        {
-            "apiVersion": "/".join(SNAP),
-            "kind": "VolumeSnapshotClass",
-            "metadata": {"name": name},
-            "driver": "never-ready.savepoint.dev",
-            "deletionPolicy": "Retain",
-        },
-    )
-    yield name
-    # By now own_operator's teardown has deleted the namespace and with it the snapshots.
-    for content in objects.list_cluster_custom_object(*SNAP, "volumesnapshotcontents")["items"]:
-        if content["spec"].get("volumeSnapshotClassName") == name:
-            cname = content["metadata"]["name"]
-            wait_for(lambda c=cname: _force_delete_content(objects, c), timeout=30, what=f"{cname} deleted")
-    objects.delete_cluster_custom_object(*SNAP, "volumesnapshotclasses", name)
-
-
-def _force_delete_content(objects, name: str) -> bool:
-    """Delete a VolumeSnapshotContent no driver will ever release; True once gone."""
-    try:
-        objects.delete_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
-        objects.patch_cluster_custom_object(*SNAP, "volumesnapshotcontents", name, {"metadata": {"finalizers": None}})
-        objects.get_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
-    except client.ApiException as err:
-        if err.status == 404:
-            return True
-        raise
-    return False
-
-
 def test_snapshot_never_ready_fails_the_checkpoint_after_the_timeout(never_ready_class, own_operator, core, crds):
     namespace, proc = own_operator("timeout", SAVEPOINT_SNAPSHOT_TIMEOUT="15s", SAVEPOINT_EXPIRED_GRACE="5s")
     start_sessions(core, crds, namespace, ["s1"])

@@ -411,3 +411,51 @@ def test_a_checkpoint_pass_reads_nothing_the_watch_handed_it(s1, crds, namespace
     controller.reconcile_checkpoint(namespace, "c1", settings, snapshot=snapshot)
     assert get_checkpoint(crds, namespace, "c1")["status"]["phase"] == "Ready"
     assert "volumesnapshots" not in reads
+
+
+def test_a_pending_poll_reads_the_snapshot_alone_until_a_pass_has_work(
+    never_ready_class, s1, crds, namespace, operator_process, monkeypatch
+):
+    """The poll of a Pending checkpoint whose snapshot is still being made sends one GET
+    (the snapshot), not a pass's two; once the snapshot timeout is due it runs the pass,
+    which fails the checkpoint. This test's process plays the operator."""
+    from savepoint import k8s
+    from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_name
+
+    operator_process.stop()
+    claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"][
+        "workspaceClaimName"
+    ]
+    # The snapshot the pass would make, already there and stuck at a driver nobody runs.
+    crds.create_namespaced_custom_object(
+        *SNAP,
+        namespace,
+        "volumesnapshots",
+        {
+            "apiVersion": "/".join(SNAP),
+            "kind": "VolumeSnapshot",
+            "metadata": {"name": snapshot_name("c1"), "labels": {CHECKPOINT_LABEL: "c1"}},
+            "spec": {"volumeSnapshotClassName": never_ready_class, "source": {"persistentVolumeClaimName": claim}},
+        },
+    )
+    make_checkpoint(crds, namespace, "c1")
+    settings = Settings(namespaces=(namespace,), snapshot_timeout=timedelta(minutes=10))
+    controller.reconcile_checkpoint(namespace, "c1", settings, seen=get_checkpoint(crds, namespace, "c1"))
+    assert get_checkpoint(crds, namespace, "c1")["status"]["phase"] == "Pending"
+
+    reads: list[str] = []
+    real_custom, real_snapshot = k8s.get_custom, k8s.get_volume_snapshot
+    monkeypatch.setattr(k8s, "get_custom", lambda plural, *args: reads.append(plural) or real_custom(plural, *args))
+    monkeypatch.setattr(
+        k8s, "get_volume_snapshot", lambda *args: reads.append("volumesnapshots") or real_snapshot(*args)
+    )
+    assert controller.poll_pending(namespace, "c1", settings) is False
+    assert reads == ["volumesnapshots"]
+    assert get_checkpoint(crds, namespace, "c1")["status"]["phase"] == "Pending"
+
+    reads.clear()
+    due = Settings(namespaces=(namespace,), snapshot_timeout=timedelta(0))
+    assert controller.poll_pending(namespace, "c1", due) is True
+    assert reads == ["volumesnapshots", "checkpoints"]  # the snapshot read once, not again by the pass
+    status = get_checkpoint(crds, namespace, "c1")["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "SnapshotTimeout"), status

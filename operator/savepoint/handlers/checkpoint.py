@@ -54,7 +54,7 @@ def checkpoint_pending_poll() -> None:
     def poll(key: tuple[str, str]) -> None:
         try:
             with count_errors("checkpoint"):
-                checkpoint.reconcile_checkpoint(*key, settings)
+                checkpoint.poll_pending(*key, settings)
         except Exception:  # counted; the next poll (or watch event) tries again
             checkpoint.log.exception("polling checkpoint %s/%s", *key)
 
