@@ -300,7 +300,7 @@ def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterato
 
 # --- a snapshot that never becomes ready ---------------------------------------------
 
-SNAPSHOTS = ("snapshot.storage.k8s.io", "v1")
+SNAP = ("snapshot.storage.k8s.io", "v1")
 
 
 @pytest.fixture
@@ -313,10 +313,10 @@ def never_ready_class(api) -> Iterator[str]:
     objects = client.CustomObjectsApi(api)
     name = unique("never-ready")
     objects.create_cluster_custom_object(
-        *SNAPSHOTS,
+        *SNAP,
         "volumesnapshotclasses",
         {
-            "apiVersion": "/".join(SNAPSHOTS),
+            "apiVersion": "/".join(SNAP),
             "kind": "VolumeSnapshotClass",
             "metadata": {"name": name},
             "driver": "never-ready.savepoint.dev",
@@ -326,21 +326,19 @@ def never_ready_class(api) -> Iterator[str]:
     yield name
     # Ask for it before `namespace` (or own_operator): by its teardown, theirs has deleted
     # the namespace and with it the snapshots.
-    for content in objects.list_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents")["items"]:
+    for content in objects.list_cluster_custom_object(*SNAP, "volumesnapshotcontents")["items"]:
         if content["spec"].get("volumeSnapshotClassName") == name:
             cname = content["metadata"]["name"]
             wait_for(lambda c=cname: _force_delete_content(objects, c), timeout=30, what=f"{cname} deleted")
-    objects.delete_cluster_custom_object(*SNAPSHOTS, "volumesnapshotclasses", name)
+    objects.delete_cluster_custom_object(*SNAP, "volumesnapshotclasses", name)
 
 
 def _force_delete_content(objects, name: str) -> bool:
     """Delete a VolumeSnapshotContent no driver will ever release; True once gone."""
     try:
-        objects.delete_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents", name)
-        objects.patch_cluster_custom_object(
-            *SNAPSHOTS, "volumesnapshotcontents", name, {"metadata": {"finalizers": None}}
-        )
-        objects.get_cluster_custom_object(*SNAPSHOTS, "volumesnapshotcontents", name)
+        objects.delete_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
+        objects.patch_cluster_custom_object(*SNAP, "volumesnapshotcontents", name, {"metadata": {"finalizers": None}})
+        objects.get_cluster_custom_object(*SNAP, "volumesnapshotcontents", name)
     except client.ApiException as err:
         if err.status == 404:
             return True

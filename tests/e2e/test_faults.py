@@ -39,13 +39,12 @@ from savepoint.eventlog import EventLog
 from savepoint.fork import RESTORING_ANNOTATION
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
-from tests.conftest import REPO, unique, wait_for
+from tests.conftest import REPO, SNAP, unique, wait_for
 from tests.csi_data import PVCDataError, pvc_data_dir
 from tests.integration.test_session import KWOK_POD
 
 pytestmark = pytest.mark.fault
 
-SNAP = ("snapshot.storage.k8s.io", "v1")
 FAULT_OPS = int(os.environ.get("SAVEPOINT_FAULT_OPS", "30"))
 CHECKPOINT_TERMINAL = ("Ready", "Rejected", "Failed", "Expired")
 FORK_TERMINAL = ("Succeeded", "Failed")

@@ -16,11 +16,9 @@ from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
-from tests.conftest import wait_for
+from tests.conftest import SNAP, wait_for
 from tests.csi_data import pvc_data_dir
 from tests.integration.test_session import make_session, wait_phase
-
-SNAP = ("snapshot.storage.k8s.io", "v1")
 
 
 def checksums(root: Path) -> dict[str, str]:
