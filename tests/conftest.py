@@ -333,6 +333,32 @@ def never_ready_class(api) -> Iterator[str]:
     objects.delete_cluster_custom_object(*SNAP, "volumesnapshotclasses", name)
 
 
+def make_stuck_snapshot(crds, namespace: str, checkpoint: str, session: str, class_name: str) -> None:
+    """The VolumeSnapshot the controller would make for `checkpoint`, already there and stuck
+    at `class_name`'s driver, which never answers: what a hung CSI driver looks like."""
+    from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_name
+    from savepoint.models import GROUP, VERSION
+    from savepoint.session import SESSION_LABEL
+
+    claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", session)["status"][
+        "workspaceClaimName"
+    ]
+    crds.create_namespaced_custom_object(
+        *SNAP,
+        namespace,
+        "volumesnapshots",
+        {
+            "apiVersion": "/".join(SNAP),
+            "kind": "VolumeSnapshot",
+            "metadata": {
+                "name": snapshot_name(checkpoint),
+                "labels": {CHECKPOINT_LABEL: checkpoint, SESSION_LABEL: session},
+            },
+            "spec": {"volumeSnapshotClassName": class_name, "source": {"persistentVolumeClaimName": claim}},
+        },
+    )
+
+
 def _force_delete_content(objects, name: str) -> bool:
     """Delete a VolumeSnapshotContent no driver will ever release; True once gone."""
     try:

@@ -39,7 +39,7 @@ from savepoint.eventlog import EventLog
 from savepoint.fork import RESTORING_ANNOTATION
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
-from tests.conftest import REPO, SNAP, unique, wait_for
+from tests.conftest import REPO, SNAP, make_stuck_snapshot, unique, wait_for
 from tests.csi_data import PVCDataError, pvc_data_dir
 from tests.integration.test_session import KWOK_POD
 
@@ -667,22 +667,7 @@ def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, cr
 def test_snapshot_never_ready_fails_the_checkpoint_after_the_timeout(never_ready_class, own_operator, core, crds):
     namespace, proc = own_operator("timeout", SAVEPOINT_SNAPSHOT_TIMEOUT="15s", SAVEPOINT_EXPIRED_GRACE="5s")
     start_sessions(core, crds, namespace, ["s1"])
-    claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"][
-        "workspaceClaimName"
-    ]
-    # The snapshot the controller would make for "stuck", already there and stuck at a driver
-    # that never answers: exactly what a hung CSI driver looks like from the API.
-    crds.create_namespaced_custom_object(
-        *SNAP,
-        namespace,
-        "volumesnapshots",
-        {
-            "apiVersion": "/".join(SNAP),
-            "kind": "VolumeSnapshot",
-            "metadata": {"name": snapshot_name("stuck"), "labels": {CHECKPOINT_LABEL: "stuck", SESSION_LABEL: "s1"}},
-            "spec": {"volumeSnapshotClassName": never_ready_class, "source": {"persistentVolumeClaimName": claim}},
-        },
-    )
+    make_stuck_snapshot(crds, namespace, "stuck", "s1", never_ready_class)
     create(crds, namespace, "checkpoints", obj("Checkpoint", "stuck", {"sessionName": "s1"}))
     asked = time.monotonic()
     # A healthy checkpoint beside it is not held up.

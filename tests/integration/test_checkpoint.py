@@ -16,7 +16,7 @@ from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
-from tests.conftest import SNAP, wait_for
+from tests.conftest import SNAP, make_stuck_snapshot, wait_for
 from tests.csi_data import pvc_data_dir
 from tests.integration.test_session import make_session, wait_phase
 
@@ -418,24 +418,9 @@ def test_a_pending_poll_reads_the_snapshot_alone_until_a_pass_has_work(
     (the snapshot), not a pass's two; once the snapshot timeout is due it runs the pass,
     which fails the checkpoint. This test's process plays the operator."""
     from savepoint import k8s
-    from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_name
 
     operator_process.stop()
-    claim = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "s1")["status"][
-        "workspaceClaimName"
-    ]
-    # The snapshot the pass would make, already there and stuck at a driver nobody runs.
-    crds.create_namespaced_custom_object(
-        *SNAP,
-        namespace,
-        "volumesnapshots",
-        {
-            "apiVersion": "/".join(SNAP),
-            "kind": "VolumeSnapshot",
-            "metadata": {"name": snapshot_name("c1"), "labels": {CHECKPOINT_LABEL: "c1"}},
-            "spec": {"volumeSnapshotClassName": never_ready_class, "source": {"persistentVolumeClaimName": claim}},
-        },
-    )
+    make_stuck_snapshot(crds, namespace, "c1", "s1", never_ready_class)
     make_checkpoint(crds, namespace, "c1")
     settings = Settings(namespaces=(namespace,), snapshot_timeout=timedelta(minutes=10))
     controller.reconcile_checkpoint(namespace, "c1", settings, seen=get_checkpoint(crds, namespace, "c1"))
