@@ -11,6 +11,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -231,14 +232,31 @@ def patch_status(plural: str, namespace: str, name: str, status: dict[str, Any])
             raise
 
 
+# Objects per page of a listing, ours and kopf's (settings.watching.chunk_size): a cluster's
+# thousands of Checkpoints never arrive, and are never parsed, as one response.
+LIST_PAGE = 500
+
+
+def iter_custom(plural: str, namespace: str | None = None, label_selector: str = "") -> Iterator[dict]:
+    """Every object of one of our kinds, listed a page at a time: one page is in memory at once."""
+    token = None
+    while True:
+        if namespace:
+            result = custom().list_namespaced_custom_object(
+                GROUP, VERSION, namespace, plural, label_selector=label_selector, limit=LIST_PAGE, _continue=token
+            )
+        else:
+            result = custom().list_cluster_custom_object(
+                GROUP, VERSION, plural, label_selector=label_selector, limit=LIST_PAGE, _continue=token
+            )
+        yield from result.get("items", [])
+        token = (result.get("metadata") or {}).get("continue")
+        if not token:
+            return
+
+
 def list_custom(plural: str, namespace: str | None = None, label_selector: str = "") -> list[dict]:
-    if namespace:
-        result = custom().list_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, label_selector=label_selector
-        )
-    else:
-        result = custom().list_cluster_custom_object(GROUP, VERSION, plural, label_selector=label_selector)
-    return result.get("items", [])
+    return list(iter_custom(plural, namespace, label_selector))
 
 
 def patch_custom(plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from savepoint import k8s
 from savepoint.checkpoint import SETTLED_LABEL, parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
@@ -317,6 +318,35 @@ def test_sweep_expires_overdue_checkpoints_found_at_start(s1, crds, namespace):
     controller.sweep(Settings(namespaces=(namespace,)))
     body = wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)
     assert body["status"]["reason"] == "TTLExpired"
+
+
+def test_the_sweep_lists_a_page_at_a_time_and_misses_none(s1, crds, namespace, monkeypatch):
+    """The start-up sweep lists every Checkpoint of the cluster: a page of k8s.LIST_PAGE at a
+    time, so thousands never arrive as one response; an overdue one on the last page expires."""
+    for name in ("p1", "p2", "p3", "p4", "overdue"):
+        make_checkpoint(crds, namespace, name)
+    for name in ("p1", "p2", "p3", "p4", "overdue"):
+        wait_checkpoint(crds, namespace, name, "Ready")
+    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crds.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "checkpoints", "overdue", {"status": {"expiresAt": past}}
+    )
+    pages: list[int | None] = []
+    listing = client.CustomObjectsApi.list_namespaced_custom_object
+
+    def spy(self, *args, **kwargs):
+        pages.append(kwargs.get("limit"))
+        return listing(self, *args, **kwargs)
+
+    monkeypatch.setattr(k8s, "LIST_PAGE", 2)
+    monkeypatch.setattr(client.CustomObjectsApi, "list_namespaced_custom_object", spy)
+    listed = [c["metadata"]["name"] for c in k8s.iter_custom("checkpoints", namespace)]
+    assert sorted(listed) == ["overdue", "p1", "p2", "p3", "p4"]
+    assert pages == [2, 2, 2]
+    pages.clear()
+    assert controller.sweep(Settings(namespaces=(namespace,)))["expired"] == 1
+    assert pages == [2, 2, 2]
+    assert wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)["status"]["reason"] == "TTLExpired"
 
 
 def test_deleting_the_session_deletes_its_checkpoints(s1, crds, namespace):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import kopf
 
-from savepoint import memory
+from savepoint import k8s, memory
 from savepoint.checkpoint import CHECKPOINT_LABEL, SETTLED_LABEL
 from savepoint.config import load
 from savepoint.session import SESSION_LABEL
@@ -62,6 +62,9 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
     for resource, label in CHILD_SELECTORS.items():
         settings.watching.label_selectors[resource] = label
     settings.watching.server_timeout = 300
+    # Cluster-wide, one listing would be every Checkpoint at once: a response of tens of
+    # megabytes parsed whole, whose peak the heap keeps long after (docs/performance.md).
+    settings.watching.chunk_size = k8s.LIST_PAGE
     settings.execution.max_workers = 16
     # Objects processed at once. Unlimited, a burst of thousands of events opened as many
     # API connections (kopf's client has no pool limit), each with its own TLS buffers,
