@@ -307,14 +307,19 @@ def test_automatic_checkpoints_keep_last(operator, core, crds, namespace):
     wait_for(pruned, timeout=60, what="the oldest automatic checkpoint pruned")
 
 
+def make_overdue(crds, namespace: str, name: str) -> None:
+    """Move a Checkpoint's expiresAt five minutes into the past, as if the operator had been down."""
+    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    crds.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "checkpoints", name, {"status": {"expiresAt": past}}
+    )
+
+
 def test_sweep_expires_overdue_checkpoints_found_at_start(s1, crds, namespace):
     """What the operator does at start-up: one sweep expires everything already overdue."""
     make_checkpoint(crds, namespace, "overdue")
     wait_checkpoint(crds, namespace, "overdue", "Ready")
-    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    crds.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "checkpoints", "overdue", {"status": {"expiresAt": past}}
-    )
+    make_overdue(crds, namespace, "overdue")
     controller.sweep(Settings(namespaces=(namespace,)))
     body = wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)
     assert body["status"]["reason"] == "TTLExpired"
@@ -327,10 +332,7 @@ def test_the_sweep_lists_a_page_at_a_time_and_misses_none(s1, crds, namespace, m
         make_checkpoint(crds, namespace, name)
     for name in ("p1", "p2", "p3", "p4", "overdue"):
         wait_checkpoint(crds, namespace, name, "Ready")
-    past = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    crds.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "checkpoints", "overdue", {"status": {"expiresAt": past}}
-    )
+    make_overdue(crds, namespace, "overdue")
     pages: list[int | None] = []
     listing = client.CustomObjectsApi.list_namespaced_custom_object
 
