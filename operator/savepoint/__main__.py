@@ -10,11 +10,32 @@ import kopf
 from savepoint import memory
 from savepoint.config import load
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+class ObjectFormatter(logging.Formatter):
+    """Puts [namespace/name] before the lines kopf logs about one object ("Handler
+    'session_create' failed ..."), which otherwise do not say which object they are about.
+    kopf passes the object as the record's `k8s_ref`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else ref["name"]
+            record = logging.makeLogRecord({**record.__dict__, "msg": f"[{where}] {record.msg}"})
+        return super().format(record)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(ObjectFormatter(LOG_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler])
+
 
 def main() -> None:
     memory.limit_arenas()  # before any thread starts
     settings = load()
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level)
     import savepoint.handlers  # noqa: F401  (registers the handlers)
     from savepoint import metrics, peering
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -530,8 +531,9 @@ def _identity(core, namespace: str, claim: str | None) -> str | None:
         return "(no identity file)"
 
 
-def settle(core, crds, namespace: str, work: Workload, timeout: float, seed_value: int) -> float:
-    """Wait until every invariant holds; seconds it took. Fails listing what is still wrong."""
+def settle(core, crds, namespace: str, work: Workload, timeout: float, seed_value: int, proc: OperatorProcess) -> float:
+    """Wait until every invariant holds; seconds it took. Fails listing what is still wrong,
+    with what the stuck objects and the operator's log say about them (CI keeps no files)."""
     started = time.monotonic()
     deadline = started + timeout
     while True:
@@ -540,10 +542,39 @@ def settle(core, crds, namespace: str, work: Workload, timeout: float, seed_valu
             return time.monotonic() - started
         if time.monotonic() > deadline:
             pytest.fail(
-                f"after {timeout:.0f}s (seed {seed_value}) these invariants still fail:\n  " + "\n  ".join(found),
+                f"after {timeout:.0f}s (seed {seed_value}) these invariants still fail:\n  "
+                + "\n  ".join(found)
+                + "\n"
+                + diagnosis(core, crds, namespace, found, proc.log_path),
                 pytrace=False,
             )
         time.sleep(2)
+
+
+STUCK = re.compile(r"^(?:session|fork|checkpoint) (\S+) is")
+
+
+def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, lines: int = 15) -> str:
+    """The status, claim and Pod of each object named stuck, and the operator's last log lines about it."""
+    out = []
+    names = sorted({m.group(1) for m in map(STUCK.match, found) if m})
+    for plural in ("sessions", "forks", "checkpoints"):
+        for o in listing(crds, namespace, plural):
+            if o["metadata"]["name"] in names:
+                out.append(f"{plural} {o['metadata']['name']}: status {o.get('status')}")
+    for pvc in core.list_namespaced_persistent_volume_claim(namespace, _request_timeout=REQUEST_TIMEOUT).items:
+        if (pvc.metadata.labels or {}).get(SESSION_LABEL) in names:
+            deleting = " (being deleted)" if pvc.metadata.deletion_timestamp else ""
+            out.append(f"claim {pvc.metadata.name}: {pvc.status.phase}{deleting}")
+    for pod in core.list_namespaced_pod(namespace, _request_timeout=REQUEST_TIMEOUT).items:
+        if (pod.metadata.labels or {}).get(SESSION_LABEL) in names:
+            out.append(f"pod {pod.metadata.name}: {pod.status.phase}")
+    text = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+    for name in names:
+        about = [line for line in text if f"/{name}" in line or f"'{name}'" in line or f" {name} " in line]
+        out.append(f"operator log about {name} (last {lines} of {len(about)} lines, {log_path}):")
+        out.extend("    " + line[:400] for line in about[-lines:])
+    return "\n".join(out)
 
 
 def outcome_summary(crds, namespace: str) -> str:
@@ -603,7 +634,7 @@ def test_operator_sigkilled_at_random_points_loses_and_duplicates_nothing(own_op
         issuing = False
         thread.join(timeout=120)
     assert proc.alive(), f"operator not running after the last restart; see {proc.log_path}"
-    settle(core, crds, namespace, work, timeout=240, seed_value=seed_value)
+    settle(core, crds, namespace, work, timeout=240, seed_value=seed_value, proc=proc)
     held = time.monotonic()
     print(
         f"ops {FAULT_OPS} {dict(work.counts)} issued in {issued - began:.0f}s; SIGKILLs {proc.kills}; "
@@ -652,7 +683,7 @@ def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, cr
     work.run(n // 3)
     downtime["etcd"] = restart_component(run_dir, "etcd")
     work.run(n - 2 * (n // 3))
-    recovery = settle(core, crds, namespace, work, timeout=240, seed_value=seed_value)
+    recovery = settle(core, crds, namespace, work, timeout=240, seed_value=seed_value, proc=proc)
     assert proc.alive() and proc.starts == 1, f"the operator exited during the outages; see {proc.log_path}"
     print(
         f"ops {n} {dict(work.counts)}; restarts (SIGKILL, back to /readyz): "
@@ -735,5 +766,5 @@ def test_rollback_killed_right_after_the_claim_swap_leaves_no_orphan_claim(own_o
     assert proc.proc is not None and proc.proc.wait(timeout=120) == -signal.SIGKILL
     proc.env.pop("SAVEPOINT_FAILPOINTS")
     proc.start()
-    settle(core, crds, namespace, work, timeout=120, seed_value=0)
+    settle(core, crds, namespace, work, timeout=120, seed_value=0, proc=proc)
     assert phases(crds, namespace, "forks")["rb"] == "Succeeded"

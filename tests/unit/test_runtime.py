@@ -340,3 +340,25 @@ def test_kopf_logs_no_line_per_watch_event_but_keeps_the_rest():
         "Handler 'checkpoint_clocks' failed with an exception. Will ignore.",
         "Handler 'checkpoint_create' succeeded.",
     ]
+
+
+def test_kopf_lines_about_an_object_name_it():
+    """kopf's own "Handler ... failed" lines say nothing of which object; ours prefix it."""
+    import io
+    import logging
+
+    import kopf
+
+    from savepoint.__main__ import LOG_FORMAT, ObjectFormatter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(ObjectFormatter(LOG_FORMAT))
+    kopf_objects = logging.getLogger("kopf.objects")
+    kopf_objects.addHandler(handler)
+    try:
+        body = {"kind": "Session", "metadata": {"namespace": "ns", "name": "f9"}}
+        kopf.ObjectLogger(body=body, settings=kopf.OperatorSettings()).error("Handler 'session_create' failed")
+    finally:
+        kopf_objects.removeHandler(handler)
+    assert "kopf.objects [ns/f9] Handler 'session_create' failed" in out.getvalue()
