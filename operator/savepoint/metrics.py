@@ -39,6 +39,9 @@ reconcile_errors = Counter("savepoint_reconcile_errors_total", "Reconcile passes
 reconciles = Counter("savepoint_reconciles_total", "Reconcile passes started", ["kind"])
 reconciles_in_flight = Gauge("savepoint_reconciles_in_flight", "Reconcile passes running now", ["kind"])
 peering_active = Gauge("savepoint_peering_active", "1 on the active replica, 0 on a standby (kopf peering)")
+admissions_waiting = Gauge(
+    "savepoint_checkpoint_admissions_waiting", "New or resumed Checkpoints waiting in the admission queue"
+)
 
 
 def observe_eventlog() -> None:

@@ -10,9 +10,13 @@ only, and one loop takes what is due.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class PollQueue:
@@ -33,6 +37,15 @@ class PollQueue:
         with self._lock:
             self._due.pop(key, None)
 
+    def hurry(self, within: float = 0.0, keys: list[tuple[str, str]] | None = None) -> None:
+        """Make these keys (all of them by default) due within `within` seconds, unless
+        they are due sooner already."""
+        at = self._clock() + within
+        with self._lock:
+            for key in self._due if keys is None else keys:
+                if key in self._due:
+                    self._due[key] = min(self._due[key], at)
+
     def take_due(self, limit: int | None = None) -> list[tuple[str, str]]:
         """Keys due now (the most overdue first, at most `limit`), each due again an interval later."""
         now = self._clock()
@@ -46,3 +59,56 @@ class PollQueue:
 
     def __len__(self) -> int:
         return len(self._due)
+
+
+class WorkQueue:
+    """Keys waiting for a pass, each with the small payload it was filed with, worked in
+    the order filed by a few threads of our own. Filing a key that is still waiting
+    replaces its payload and keeps its place; a key being worked may be filed again.
+
+    Handing work here lets kopf's handler return at once. kopf keeps a queue of raw watch
+    events for each object whose handler has not finished yet: under a backlog of
+    thousands of Checkpoints waiting for the API budget, those were thousands of whole
+    bodies, managedFields and all. Here each waits as a key and a trimmed body.
+    """
+
+    def __init__(self, name: str, workers: int, work: Callable[[tuple[str, str], Any], None]) -> None:
+        self.name = name
+        self.workers = workers
+        self._work = work
+        self._waiting: dict[tuple[str, str], Any] = {}
+        self._ready = threading.Condition()
+        self._started = False
+
+    def file(self, key: tuple[str, str], payload: Any = None) -> None:
+        with self._ready:
+            self._waiting[key] = payload
+            self._ready.notify()
+
+    def take(self, timeout: float | None = None) -> tuple[tuple[str, str], Any] | None:
+        """The oldest waiting key and its payload, removed; None after `timeout` with none."""
+        with self._ready:
+            if not self._ready.wait_for(lambda: self._waiting, timeout):
+                return None
+            key = next(iter(self._waiting))
+            return key, self._waiting.pop(key)
+
+    def start(self) -> None:
+        """Start the worker threads (once)."""
+        with self._ready:
+            if self._started:
+                return
+            self._started = True
+        for i in range(self.workers):
+            threading.Thread(target=self._run, name=f"{self.name}-{i}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            key, payload = self.take()  # type: ignore[misc]  (no timeout: always an item)
+            try:
+                self._work(key, payload)
+            except Exception:  # the work counts and logs its own errors; the thread goes on
+                log.exception("%s: working %s/%s", self.name, *key)
+
+    def __len__(self) -> int:
+        return len(self._waiting)

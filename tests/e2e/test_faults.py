@@ -39,7 +39,7 @@ from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_name
 from savepoint.eventlog import EventLog
 from savepoint.fork import RESTORING_ANNOTATION
 from savepoint.models import GROUP, VERSION
-from savepoint.session import SESSION_LABEL
+from savepoint.session import SESSION_LABEL, pod_name
 from tests.conftest import REPO, SNAP, make_stuck_snapshot, unique, wait_for
 from tests.csi_data import PVCDataError, pvc_data_dir
 from tests.integration.test_session import KWOK_POD
@@ -690,6 +690,47 @@ def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, cr
         + ", ".join(f"{k} {v:.1f}s" for k, v in downtime.items())
         + f"; every invariant held {recovery:.0f}s after the last op; {outcome_summary(crds, namespace)}"
     )
+
+
+def test_a_pod_lost_while_the_api_server_restarts_is_noticed_without_waiting_for_the_resync(
+    own_operator, kubeconfig, core, crds
+):
+    """A restarted API server has an empty watch cache: kopf's watches come back with
+    410 Gone and list again, and a listing tells nothing of what vanished meanwhile. The
+    operator is frozen (SIGSTOP) across the restart so that the sandbox Pod goes while
+    no watch is open; the production resync (10 min) is kept, so only the re-list can
+    bring the Session's pass that makes the Pod again."""
+    run_dir = run_dir_of(kubeconfig)
+    if run_dir is None:
+        pytest.skip("needs the local control plane of hack/cluster (restarts its processes)")
+    namespace, proc = own_operator("relist", SAVEPOINT_RESYNC_SECONDS="600")
+    start_sessions(core, crds, namespace, ["s1"])
+    old = core.read_namespaced_pod(pod_name("s1"), namespace).metadata.uid
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGSTOP)
+    try:
+        restart_component(run_dir, "kube-apiserver")
+        retrying(lambda: core.delete_namespaced_pod(pod_name("s1"), namespace, grace_period_seconds=0))
+        wait_for(lambda: _pod_uid(core, namespace, "s1") != old, timeout=60, what="the sandbox Pod gone")
+    finally:
+        proc.proc.send_signal(signal.SIGCONT)
+    started = time.monotonic()
+    wait_for(
+        lambda: _pod_uid(core, namespace, "s1") not in (None, old),
+        timeout=90,
+        interval=0.5,
+        what=f"a new sandbox Pod for s1 (see {proc.log_path})",
+    )
+    print(f"sandbox Pod made again {time.monotonic() - started:.1f}s after the operator woke")
+
+
+def _pod_uid(core, namespace: str, session: str) -> str | None:
+    try:
+        return core.read_namespaced_pod(pod_name(session), namespace, _request_timeout=REQUEST_TIMEOUT).metadata.uid
+    except client.ApiException as err:
+        if err.status == 404:
+            return None
+        raise
 
 
 # --- 3. A snapshot that never becomes ready -------------------------------------------

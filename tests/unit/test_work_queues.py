@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from savepoint.controllers.checkpoint import ExpiryQueue
-from savepoint.controllers.session import child_changed, made_child
-from savepoint.polling import PollQueue
+from savepoint.controllers.session import child_changed, made_child, relisted
+from savepoint.polling import PollQueue, WorkQueue
 from savepoint.session import child_digest
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -240,3 +240,103 @@ def test_a_pass_from_an_older_listing_does_not_swallow_a_pass_asked_after_it(mon
     assert ran[-1] == "fresh"
     controllers.forget("session", "ns", "listed")
     controllers.forget("session", "ns", "fresh")
+
+
+def test_work_queue_works_in_the_order_filed_and_a_refiled_key_keeps_its_place():
+    queue = WorkQueue("unit", 0, lambda key, payload: None)
+    queue.file(("ns", "a"), 1)
+    queue.file(("ns", "b"), 2)
+    queue.file(("ns", "a"), 3)  # still waiting: the newer payload, the older place
+    assert len(queue) == 2
+    assert queue.take(0) == (("ns", "a"), 3)
+    assert queue.take(0) == (("ns", "b"), 2)
+    assert queue.take(0.01) is None
+
+
+def test_work_queue_threads_outlive_a_failing_pass():
+    import threading
+
+    done: list[tuple[str, str]] = []
+    finished = threading.Event()
+
+    def work(key: tuple[str, str], payload: object) -> None:
+        if payload == "bad":
+            raise RuntimeError("this pass fails")
+        done.append(key)
+        finished.set()
+
+    queue = WorkQueue("unit", 1, work)
+    queue.start()
+    queue.start()  # once only
+    queue.file(("ns", "a"), "bad")
+    queue.file(("ns", "b"), "good")
+    assert finished.wait(5)
+    assert done == [("ns", "b")]
+    assert [t.name for t in threading.enumerate()].count("unit-0") == 1
+
+
+def test_a_new_checkpoint_waits_in_our_queue_trimmed_not_in_kopf(monkeypatch):
+    """kopf's create handler returns at once (kopf then drops the object's event queue),
+    filing a key and the body without managedFields; the pass runs on the queue's threads."""
+    from savepoint.handlers import checkpoint as handlers
+
+    queue = WorkQueue("unit", 0, lambda key, payload: None)
+    monkeypatch.setattr(handlers, "admissions", queue)
+    body = checkpoint("c", None, NOW)
+    body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    handlers.checkpoint_reconcile(namespace="ns", name="c", status={}, body=body)
+    handlers.checkpoint_reconcile(namespace="ns", name="done", status={"phase": "Ready"}, body=body)
+    key, seen = queue.take(0)
+    assert key == ("ns", "c")
+    assert "managedFields" not in seen["metadata"] and seen["metadata"]["name"] == "c"
+    assert "managedFields" in body["metadata"]  # the watch's own body is left as it was
+    assert queue.take(0) is None  # a settled one is not queued
+
+
+def test_a_re_list_is_told_from_the_start_up_listing():
+    body = claim(uid="relist-uid", phase="Pending")
+    body["metadata"]["name"] = "relist-claim"
+    assert not relisted("persistentvolumeclaims", None, body)  # the start-up listing
+    assert not child_changed("persistentvolumeclaims", None, body, record=False)  # the resume pass covers it
+    assert relisted("persistentvolumeclaims", None, body)  # listed again: a watch could not resume
+    assert not relisted("persistentvolumeclaims", "MODIFIED", body)
+    body["status"]["phase"] = "Bound"  # bound while no watch was open: only the re-list shows it
+    assert child_changed("persistentvolumeclaims", None, body, record=False)
+    made = claim(uid="made-uid-2")
+    made["metadata"]["name"] = "made-then-listed"
+    made_child("persistentvolumeclaims", made)  # made by a pass before kopf's first listing got to it
+    assert not relisted("persistentvolumeclaims", None, made)
+
+
+def test_a_re_list_brings_every_session_resync_forward_once(monkeypatch):
+    from types import SimpleNamespace
+
+    from savepoint.handlers import session as handlers
+
+    now = [1000.0]
+    queue = PollQueue(600, clock=lambda: now[0])
+    for name in ("a", "b"):
+        queue.file(("ns", name))
+    monkeypatch.setattr(handlers, "resyncs", queue)
+    monkeypatch.setattr(handlers, "_relist_resync_at", [float("-inf")])
+    pods = SimpleNamespace(plural="pods")
+    pod = claim(uid="relist-pod-uid", phase="Running")
+    pod["metadata"]["name"] = "relist-pod"
+    assert not handlers._child_changed(type=None, body=pod, resource=pods)  # start-up listing
+    assert queue.take_due() == []
+    assert not handlers._child_changed(type=None, body=pod, resource=pods)  # the re-list
+    assert sorted(queue.take_due()) == [("ns", "a"), ("ns", "b")]
+    handlers._child_changed(type=None, body=pod, resource=pods)  # the next child of the same re-list
+    assert queue.take_due() == []
+
+
+def test_poll_queue_hurries_all_keys_or_some():
+    now = [0.0]
+    queue = PollQueue(600, clock=lambda: now[0])
+    queue.file(("ns", "a"))
+    queue.file(("ns", "b"))
+    queue.hurry(30, keys=[("ns", "b"), ("ns", "gone")])
+    now[0] = 30.0
+    assert queue.take_due() == [("ns", "b")]
+    queue.hurry()
+    assert queue.take_due() == [("ns", "a"), ("ns", "b")]

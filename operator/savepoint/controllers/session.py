@@ -55,9 +55,15 @@ def _owned_by(obj: dict | None, body: dict) -> bool:
     return any(r.get("uid") == body["metadata"]["uid"] for r in refs)
 
 
-# (kind, namespace, name) of each Pod and claim seen -> child_digest() of it when last seen.
-_children: dict[tuple[str, str, str], tuple] = {}
+# (kind, namespace, name) of each Pod, claim and log chunk seen -> (child_digest() of it when
+# last seen, whether a watch has shown it: not yet for one a pass has just made).
+_children: dict[tuple[str, str, str], tuple[tuple, bool]] = {}
 _children_guard = threading.Lock()
+
+
+def _child_key(kind: str, obj: dict[str, Any]) -> tuple[str, str, str]:
+    meta = obj.get("metadata") or {}
+    return (kind, meta.get("namespace", ""), meta.get("name", ""))
 
 
 def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record: bool = True) -> bool:
@@ -66,11 +72,12 @@ def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record
     With record=False it only answers (a kopf filter); the handler records.
 
     An object first seen in a listing (event type None) at start-up needs no pass of its
-    own: every Session gets its resume pass then, which reads it. After a re-list later
-    on, the objects are known, and only those that changed meanwhile start a pass.
+    own: every Session gets its resume pass then, which reads it. It is remembered all
+    the same (no handler runs for it), so that a re-list later on (see relisted) starts
+    passes only for the objects that changed meanwhile.
     """
+    key = _child_key(kind, obj)
     meta = obj.get("metadata") or {}
-    key = (kind, meta.get("namespace", ""), meta.get("name", ""))
     with _children_guard:
         if event_type == "DELETED":
             if record:
@@ -78,11 +85,23 @@ def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record
             return True
         digest = (meta.get("uid"), meta.get("resourceVersion")) if kind == "configmaps" else child_digest(obj)
         known = _children.get(key)
-        if record:
-            _children[key] = digest
+        if record or (known is None and event_type is None):
+            _children[key] = (digest, True)
         if known is None:
             return event_type is not None
-        return known != digest
+        return known[0] != digest
+
+
+def relisted(kind: str, event_type: str | None, obj: dict[str, Any]) -> bool:
+    """Whether this event comes from a re-list: a listing (event type None) of a child a
+    watch has shown before. kopf lists again when a watch cannot resume (410 Gone: after an API server
+    restart its watch cache starts afresh), and a listing says nothing of the objects
+    that vanished meanwhile, nor of those made and gone: no event will come for them."""
+    if event_type is not None:
+        return False
+    with _children_guard:
+        known = _children.get(_child_key(kind, obj))
+    return known is not None and known[1]
 
 
 def made_child(kind: str, obj: dict[str, Any]) -> None:
@@ -91,7 +110,7 @@ def made_child(kind: str, obj: dict[str, Any]) -> None:
     meta = obj.get("metadata") or {}
     if meta.get("uid"):
         with _children_guard:
-            _children[(kind, meta.get("namespace", ""), meta.get("name", ""))] = child_digest(obj)
+            _children[_child_key(kind, obj)] = (child_digest(obj), False)
 
 
 # How long the Pods and claims listed for a namespace's resume passes serve them.

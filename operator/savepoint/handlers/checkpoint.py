@@ -13,12 +13,15 @@ from savepoint.config import load
 from savepoint.controllers import checkpoint, forget
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION, CheckpointSpec
-from savepoint.polling import PollQueue
+from savepoint.polling import PollQueue, WorkQueue
 
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
 # Phases reconcile_checkpoint has nothing to do for (expiry is the sweep's job).
 SETTLED = ("Ready", "Failed", "Rejected", "Expired")
 settings = load()
+# Threads that admit new Checkpoints and resume unsettled ones. The client's rate limiter
+# (SAVEPOINT_API_QPS) paces them; more threads would only wait on it.
+ADMISSION_WORKERS = 8
 
 
 def _unsettled(status: kopf.Status, **_: object) -> bool:
@@ -27,16 +30,31 @@ def _unsettled(status: kopf.Status, **_: object) -> bool:
     return status.get("phase") not in SETTLED
 
 
+def _admission_pass(key: tuple[str, str], seen: dict) -> None:
+    if not peering.last_known(settings):
+        return  # this replica stood down meanwhile: the active one resumes the checkpoint
+    with count_errors("checkpoint"):
+        checkpoint.reconcile_checkpoint(*key, settings, seen=seen)
+
+
+# New and resumed Checkpoints wait here, each as a key and a trimmed body, for a pass on
+# one of a few threads; the pending poll below retries one whose pass failed.
+admissions = WorkQueue("checkpoint-admission", ADMISSION_WORKERS, _admission_pass)
+metrics.admissions_waiting.set_function(lambda: len(admissions))
+
+
 @kopf.on.resume(*CHECKPOINTS, id="checkpoint_resume", when=_unsettled)
 @kopf.on.create(*CHECKPOINTS, id="checkpoint_create")
-def checkpoint_reconcile(
-    namespace: str, name: str, status: kopf.Status, body: kopf.Body, retry: int, **_: object
-) -> None:
-    if not _unsettled(status):
-        return
-    with count_errors("checkpoint"):
-        # A retry reads the Checkpoint afresh: the failed try may have written its status.
-        checkpoint.reconcile_checkpoint(namespace, name, settings, seen=dict(body) if retry == 0 else None)
+def checkpoint_reconcile(namespace: str, name: str, status: kopf.Status, body: kopf.Body, **_: object) -> None:
+    if _unsettled(status):
+        admissions.start()
+        admissions.file((namespace, name), trimmed(dict(body)))
+
+
+def trimmed(body: dict) -> dict:
+    """What a pass reads of a Checkpoint's body: all of it but managedFields, the largest part."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {**body, "metadata": meta}
 
 
 # A safety net behind the VolumeSnapshot watch, and the clock of the snapshot timeout.

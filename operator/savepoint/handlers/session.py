@@ -53,8 +53,9 @@ def session_resync_loop(**_: object) -> None:
         try:
             with count_errors("session"):
                 reconcile.reconcile_session(*key)
-        except Exception:  # counted; the next watch event or resync tries again
+        except Exception:  # counted; the next watch event tries again, or this soon
             reconcile.log.exception("resyncing session %s/%s", *key)
+            resyncs.hurry(RESYNC_RETRY_SECONDS, keys=[key])
 
     def loop() -> None:
         while True:
@@ -68,13 +69,34 @@ def session_resync_loop(**_: object) -> None:
 
 
 RESYNC_TICK_SECONDS = 5.0
+# A resync that failed (the API server away) is tried again this soon, not a whole
+# resync interval later.
+RESYNC_RETRY_SECONDS = 30.0
+# At most one early resync of every Session per this many seconds: a re-list sends an
+# event for each child, thousands at once.
+RELIST_RESYNC_GAP_SECONDS = 60.0
+_relist_resync_at = [float("-inf")]
+
+
+def resync_all_after_relist() -> None:
+    """A re-list tells nothing of the children that went meanwhile (relisted): every
+    Session gets its resync now, not up to SAVEPOINT_RESYNC_SECONDS later."""
+    now = time.monotonic()
+    if now - _relist_resync_at[0] >= RELIST_RESYNC_GAP_SECONDS:
+        _relist_resync_at[0] = now
+        reconcile.log.info("a watch listed again (the API server restarted?): resyncing every Session now")
+        resyncs.hurry()
 
 
 def _child_changed(type: str | None, body: kopf.Body, resource: kopf.Resource, **_: object) -> bool:
-    # A filter (it records nothing): events that change nothing a pass reads cost no worker
-    # thread. Each checkpoint's snapshot adds and removes a finalizer on the claim, and the
-    # start-up listing of every Pod, claim and chunk is covered by the Sessions' resume passes.
-    return reconcile.child_changed(resource.plural, type, dict(body), record=False)
+    # A filter (it only remembers what a listing shows): events that change nothing a pass
+    # reads cost no worker thread. Each checkpoint's snapshot adds and removes a finalizer
+    # on the claim, and the start-up listing of every Pod, claim and chunk is covered by
+    # the Sessions' resume passes.
+    raw = dict(body)
+    if reconcile.relisted(resource.plural, type, raw):
+        resync_all_after_relist()
+    return reconcile.child_changed(resource.plural, type, raw, record=False)
 
 
 @kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, when=_child_changed)
