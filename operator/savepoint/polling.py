@@ -110,5 +110,9 @@ class WorkQueue:
             except Exception:  # the work counts and logs its own errors; the thread goes on
                 log.exception("%s: working %s/%s", self.name, *key)
 
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        """Whether the key is waiting (not once a thread has taken it)."""
+        return key in self._waiting
+
     def __len__(self) -> int:
         return len(self._waiting)

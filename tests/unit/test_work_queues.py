@@ -340,3 +340,22 @@ def test_poll_queue_hurries_all_keys_or_some():
     assert queue.take_due() == [("ns", "b")]
     queue.hurry()
     assert queue.take_due() == [("ns", "a"), ("ns", "b")]
+
+
+def test_a_pending_poll_skips_a_checkpoint_still_waiting_for_admission(monkeypatch):
+    from savepoint.handlers import checkpoint as handlers
+
+    now = [0.0]
+    polls = PollQueue(5, clock=lambda: now[0])
+    polls.file(("ns", "waiting"))
+    polls.file(("ns", "admitted"))
+    queue = WorkQueue("unit", 0, lambda key, payload: None)
+    queue.file(("ns", "waiting"), {})
+    polled: list[tuple[str, str]] = []
+    monkeypatch.setattr(handlers, "pending_polls", polls)
+    monkeypatch.setattr(handlers, "admissions", queue)
+    monkeypatch.setattr(handlers.checkpoint, "poll_pending", lambda ns, name, settings: polled.append((ns, name)))
+    now[0] = 10.0
+    handlers.checkpoint_pending_poll()
+    assert polled == [("ns", "admitted")]
+    assert ("ns", "waiting") in queue

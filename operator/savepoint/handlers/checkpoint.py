@@ -70,6 +70,8 @@ def checkpoint_pending_poll() -> None:
     """Reconcile the Pending checkpoints whose poll is due (the expiry loop's thread calls it)."""
 
     def poll(key: tuple[str, str]) -> None:
+        if key in admissions:
+            return  # its pass is on its way: a poll would only read a snapshot not made yet
         try:
             with count_errors("checkpoint"):
                 checkpoint.poll_pending(*key, settings)
