@@ -66,10 +66,9 @@ class WorkQueue:
     the order filed by a few threads of our own. Filing a key that is still waiting
     replaces its payload and keeps its place; a key being worked may be filed again.
 
-    Handing work here lets kopf's handler return at once. kopf keeps a queue of raw watch
-    events for each object whose handler has not finished yet: under a backlog of
-    thousands of Checkpoints waiting for the API budget, those were thousands of whole
-    bodies, managedFields and all. Here each waits as a key and a trimmed body.
+    A kopf handler that files its object here returns at once. kopf keeps a queue of raw
+    watch events for each object whose handler has not finished: under a backlog, one
+    whole body per object waiting (handlers/checkpoint.py).
     """
 
     def __init__(self, name: str, workers: int, work: Callable[[tuple[str, str], Any], None]) -> None:
@@ -104,10 +103,12 @@ class WorkQueue:
 
     def _run(self) -> None:
         while True:
-            key, payload = self.take()  # type: ignore[misc]  (no timeout: always an item)
+            item = self.take()
+            assert item is not None  # no timeout: take() waits for an item
+            key, payload = item
             try:
                 self._work(key, payload)
-            except Exception:  # the work counts and logs its own errors; the thread goes on
+            except Exception:  # logged; the thread goes on to the next key
                 log.exception("%s: working %s/%s", self.name, *key)
 
     def __contains__(self, key: tuple[str, str]) -> bool:

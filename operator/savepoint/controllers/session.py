@@ -94,9 +94,10 @@ def child_changed(kind: str, event_type: str | None, obj: dict[str, Any], record
 
 def relisted(kind: str, event_type: str | None, obj: dict[str, Any]) -> bool:
     """Whether this event comes from a re-list: a listing (event type None) of a child a
-    watch has shown before. kopf lists again when a watch cannot resume (410 Gone: after an API server
-    restart its watch cache starts afresh), and a listing says nothing of the objects
-    that vanished meanwhile, nor of those made and gone: no event will come for them."""
+    watch has shown before. kopf lists again when a watch cannot resume (410 Gone: after
+    an API server restart its watch cache starts afresh), and a listing says nothing of
+    the objects that vanished meanwhile, nor of those made and gone: no event will come
+    for them."""
     if event_type is not None:
         return False
     with _children_guard:
