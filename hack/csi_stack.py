@@ -36,6 +36,13 @@ SNAPSHOT_CLIENT_MODULE = "github.com/kubernetes-csi/external-snapshotter/client/
 # The sidecars' RPC timeout. Restoring or archiving a large workspace takes longer than
 # the provisioner's 10s default; a timed-out call is retried and waits for the first.
 CSI_TIMEOUT = "120s"
+# How often csi-snapshotter and snapshot-controller go over every object again
+# (SAVEPOINT_CSI_RESYNC, e.g. "1m"; their own default, 15 min, when unset). After an
+# etcd restart either may miss a VolumeSnapshot or content made in the gap and leave it
+# unfinished until the next resync; the tests, which restart etcd, set 1m
+# (tests/conftest.py). The benches keep the default: a resync of thousands of objects
+# every minute would cost them CPU.
+CSI_RESYNC = os.environ.get("SAVEPOINT_CSI_RESYNC", "")
 
 
 def cache_dir() -> Path:
@@ -58,13 +65,9 @@ def driver_version() -> str:
     names = sorted(
         p.name
         for p in DRIVER_SRC.iterdir()
-        if p.is_file()
-        and (p.name in ("go.mod", "go.sum") or p.suffix == ".go")
-        and not p.name.endswith("_test.go")
+        if p.is_file() and (p.name in ("go.mod", "go.sum") or p.suffix == ".go") and not p.name.endswith("_test.go")
     )
-    listing = "".join(
-        f"{hashlib.sha256((DRIVER_SRC / n).read_bytes()).hexdigest()}  {n}\n" for n in names
-    )
+    listing = "".join(f"{hashlib.sha256((DRIVER_SRC / n).read_bytes()).hexdigest()}  {n}\n" for n in names)
     return "src-" + hashlib.sha256(listing.encode()).hexdigest()[:12]
 
 
@@ -78,9 +81,7 @@ def socket_path(run_dir: Path) -> Path:
     return run_dir / "csi.sock"
 
 
-def components(
-    run_dir: Path, kubeconfig: Path, pins: dict[str, str], ports_fn: Callable[[], int]
-) -> list[dict]:
+def components(run_dir: Path, kubeconfig: Path, pins: dict[str, str], ports_fn: Callable[[], int]) -> list[dict]:
     """The four processes, in start order, as dicts of name, argv and health_url.
 
     ports_fn() returns a free loopback port. The sidecars' health URL is their metrics
@@ -101,6 +102,7 @@ def components(
         "--kube-api-burst=400",
         "--worker-threads=50",
     ]
+    resync = [f"--resync-period={CSI_RESYNC}"] if CSI_RESYNC else []
     return [
         {
             "name": "csi-hostpath",
@@ -131,6 +133,7 @@ def components(
                 str(binary("csi-snapshotter", snapshotter)),
                 f"--csi-address={sock}",
                 *common,
+                *resync,
                 f"--http-endpoint=127.0.0.1:{snap_port}",
                 f"--timeout={CSI_TIMEOUT}",
             ],
@@ -141,6 +144,7 @@ def components(
             "argv": [
                 str(binary("snapshot-controller", snapshotter)),
                 *common,
+                *resync,
                 f"--http-endpoint=127.0.0.1:{ctrl_port}",
             ],
             "health_url": f"http://127.0.0.1:{ctrl_port}/metrics",
@@ -160,8 +164,7 @@ def snapshot_crd_files(version: str) -> list[Path]:
     info = json.loads(out.stdout or "{}")
     if out.returncode != 0 or "Dir" not in info:
         raise RuntimeError(
-            f"could not download {SNAPSHOT_CLIENT_MODULE}@{version}: "
-            f"{info.get('Error') or out.stderr.strip()}"
+            f"could not download {SNAPSHOT_CLIENT_MODULE}@{version}: {info.get('Error') or out.stderr.strip()}"
         )
     # All of them, group snapshots included: without those CRDs snapshot-controller
     # spends its start-up waiting for them before it carries on.

@@ -551,7 +551,7 @@ def settle(core, crds, namespace: str, work: Workload, timeout: float, seed_valu
         time.sleep(2)
 
 
-STUCK = re.compile(r"^(?:session|fork|checkpoint) (\S+) is")
+STUCK = re.compile(r"^(?:session|fork|checkpoint) (\S+) ")
 
 
 def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, lines: int = 15) -> str:
@@ -561,7 +561,15 @@ def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, line
     for plural in ("sessions", "forks", "checkpoints"):
         for o in listing(crds, namespace, plural):
             if o["metadata"]["name"] in names:
-                out.append(f"{plural} {o['metadata']['name']}: status {o.get('status')}")
+                deleting = " (being deleted)" if o["metadata"].get("deletionTimestamp") else ""
+                out.append(f"{plural} {o['metadata']['name']}{deleting}: status {o.get('status')}")
+    for vs in listing(crds, namespace, "volumesnapshots", SNAP):
+        if (vs["metadata"].get("annotations") or {}).get(CHECKPOINT_LABEL) in names:
+            meta = vs["metadata"]
+            out.append(
+                f"VolumeSnapshot {meta['name']}: finalizers {meta.get('finalizers')}, "
+                f"deleting={bool(meta.get('deletionTimestamp'))}, status {vs.get('status')}"
+            )
     for pvc in core.list_namespaced_persistent_volume_claim(namespace, _request_timeout=REQUEST_TIMEOUT).items:
         if (pvc.metadata.labels or {}).get(SESSION_LABEL) in names:
             deleting = " (being deleted)" if pvc.metadata.deletion_timestamp else ""
