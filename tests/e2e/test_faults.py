@@ -223,12 +223,12 @@ def obj(kind: str, name: str, spec: dict) -> dict:
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": kind, "metadata": {"name": name}, "spec": spec}
 
 
-def session_body(name: str) -> dict:
+def session_body(name: str, template: dict = KWOK_POD) -> dict:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Session",
         "metadata": {"name": name},
-        "spec": {"podTemplate": KWOK_POD, "workspace": {"size": "64Mi"}, "harness": {"name": "h", "revision": "1"}},
+        "spec": {"podTemplate": template, "workspace": {"size": "64Mi"}, "harness": {"name": "h", "revision": "1"}},
     }
 
 
@@ -353,10 +353,12 @@ def _delete_checkpoint(crds, namespace: str, name: str) -> None:
             raise
 
 
-def start_sessions(core, crds, namespace: str, names: list[str], timeout: float = 120) -> None:
+def start_sessions(
+    core, crds, namespace: str, names: list[str], timeout: float = 120, template: dict = KWOK_POD
+) -> None:
     """Sessions Ready, each with a small conversation and an identity file in its workspace."""
     for name in names:
-        create(crds, namespace, "sessions", session_body(name))
+        create(crds, namespace, "sessions", session_body(name, template))
     for name in names:
         wait_for(
             lambda n=name: phases(crds, namespace, "sessions").get(n) == "Ready",
@@ -712,7 +714,12 @@ def test_a_pod_lost_while_the_api_server_restarts_is_noticed_without_waiting_for
     if run_dir is None:
         pytest.skip("needs the local control plane of hack/cluster (restarts its processes)")
     namespace, proc = own_operator("relist", SAVEPOINT_RESYNC_SECONDS="600")
-    start_sessions(core, crds, namespace, ["s1"])
+    # The Pod names its Node, so kube-scheduler never sees it: a Pod deleted and made again
+    # under the same name across its own reconnect to a restarted API server can corrupt
+    # the scheduler's cache, and kube-scheduler then exits (a kubelet would restart it;
+    # hack/cluster does not), failing every later test that needs a Pod scheduled.
+    pinned = {"spec": {**KWOK_POD["spec"], "nodeName": "kwok-node-0"}}
+    start_sessions(core, crds, namespace, ["s1"], template=pinned)
     old = core.read_namespaced_pod(pod_name("s1"), namespace).metadata.uid
     # Let the passes the log appends started finish: one still queued when the operator
     # wakes would find the Pod gone by itself, and the re-list would not be what is tested.

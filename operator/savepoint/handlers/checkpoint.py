@@ -31,7 +31,9 @@ def _unsettled(status: kopf.Status, **_: object) -> bool:
 
 
 def _admission_pass(key: tuple[str, str], seen: dict) -> None:
-    if not peering.last_known(settings):
+    # kopf filed it while this replica was active. Asked afresh only when the expiry loop's
+    # last look says standby: a replica that has just taken over must not drop it.
+    if not peering.last_known(settings) and not peering.is_active(settings):
         return  # this replica stood down meanwhile: the active one resumes the checkpoint
     with count_errors("checkpoint"):
         checkpoint.reconcile_checkpoint(*key, settings, seen=seen)
