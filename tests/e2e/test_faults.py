@@ -557,7 +557,8 @@ STUCK = re.compile(r"^(?:session|fork|checkpoint) (\S+) ")
 
 
 def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, lines: int = 15) -> str:
-    """The status, claim and Pod of each object named stuck, and the operator's last log lines about it."""
+    """The status, VolumeSnapshot, claim and Pod of each object a problem names, and the
+    operator's last log lines about it."""
     out = []
     names = sorted({m.group(1) for m in map(STUCK.match, found) if m})
     for plural in ("sessions", "forks", "checkpoints"):
@@ -568,10 +569,9 @@ def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, line
     for vs in listing(crds, namespace, "volumesnapshots", SNAP):
         if (vs["metadata"].get("annotations") or {}).get(CHECKPOINT_LABEL) in names:
             meta = vs["metadata"]
-            out.append(
-                f"VolumeSnapshot {meta['name']}: finalizers {meta.get('finalizers')}, "
-                f"deleting={bool(meta.get('deletionTimestamp'))}, status {vs.get('status')}"
-            )
+            deleting = " (being deleted)" if meta.get("deletionTimestamp") else ""
+            finalizers = meta.get("finalizers")
+            out.append(f"VolumeSnapshot {meta['name']}{deleting}: finalizers {finalizers}, status {vs.get('status')}")
     for pvc in core.list_namespaced_persistent_volume_claim(namespace, _request_timeout=REQUEST_TIMEOUT).items:
         if (pvc.metadata.labels or {}).get(SESSION_LABEL) in names:
             deleting = " (being deleted)" if pvc.metadata.deletion_timestamp else ""
