@@ -22,6 +22,8 @@ class Reason(StrEnum):
     POD_PENDING = "PodPending"
     POD_RUNNING = "PodRunning"
     POD_FAILED = "PodFailed"
+    IMAGE_UNAVAILABLE = "ImageUnavailable"  # the kubelet cannot get the image and will not retry
+    CONTAINER_WAITING = "ContainerWaiting"  # the kubelet is retrying (pull back-off, config error)
     POD_SUCCEEDED = "PodSucceeded"
     PAUSED = "Paused"
     RUN_IN_FLIGHT = "RunInFlight"

@@ -169,9 +169,34 @@ def child_digest(obj: dict[str, Any]) -> tuple:
         meta.get("uid"),
         bool(meta.get("deletionTimestamp")),
         status.get("phase"),
+        tuple(
+            ((c.get("state") or {}).get("waiting") or {}).get("reason")
+            for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+        ),
         (obj.get("spec") or {}).get("volumeName"),
         tuple(sorted(r.get("uid", "") for r in meta.get("ownerReferences") or [])),
     )
+
+
+# Waiting reasons of the kubelet that no retry can cure: the image is not on the node and
+# may not be pulled, or its name cannot be parsed.
+TERMINAL_WAITING = frozenset({"ErrImageNeverPull", "InvalidImageName"})
+RETRIED_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
+                             "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
+
+
+def container_problem(pod: dict | None) -> tuple[bool, str] | None:
+    """(terminal, message) when a sandbox container cannot start, naming it, its image and the
+    kubelet's reason and message; None when every container is starting or running."""
+    statuses = ((pod or {}).get("status") or {})
+    for status in [*(statuses.get("initContainerStatuses") or []), *(statuses.get("containerStatuses") or [])]:
+        waiting = (status.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason") or ""
+        if reason in TERMINAL_WAITING or reason in RETRIED_WAITING:
+            detail = f": {waiting['message']}" if waiting.get("message") else ""
+            message = f"container {status.get('name')} (image {status.get('image')}) cannot start: {reason}{detail}"
+            return reason in TERMINAL_WAITING, message[:1024]
+    return None
 
 
 def pvc_bound(pvc: dict | None) -> bool:
@@ -192,6 +217,12 @@ def derive_phase(spec: SessionSpec, seen: Observed) -> tuple[SessionPhase, str, 
     if not pvc_bound(seen.pvc):
         return SessionPhase.PROVISIONING, Reason.WORKSPACE_PENDING, "waiting for the workspace volume to bind"
     if phase != "Running":
+        problem = container_problem(seen.pod)
+        if problem is not None:
+            terminal, message = problem
+            if terminal:
+                return SessionPhase.FAILED, Reason.IMAGE_UNAVAILABLE, message
+            return SessionPhase.PROVISIONING, Reason.CONTAINER_WAITING, message
         return SessionPhase.PROVISIONING, Reason.POD_PENDING, f"waiting for the Pod (phase {phase or 'absent'})"
     if seen.log_cursor is None:
         return SessionPhase.PROVISIONING, Reason.LOG_UNAVAILABLE, seen.log_error or "event log not readable"

@@ -100,3 +100,37 @@ def test_condition_transition_time_moves_only_on_change():
     ready = next(c for c in again["conditions"] if c["type"] == "Ready")
     assert ready["lastTransitionTime"] == "2026-01-01T00:00:00Z"
     assert ready["reason"] == "RunInFlight"
+
+
+def _waiting(reason: str, message: str = "") -> dict:
+    return {
+        "metadata": {"name": "s1"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [
+                {"name": "agent", "image": "example.invalid/agent:1",
+                 "state": {"waiting": {"reason": reason, "message": message}}}
+            ],
+        },
+    }
+
+
+def test_an_image_the_node_will_never_have_fails_the_session_naming_it():
+    phase, reason, message = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
+                                          seen(pod=_waiting("ErrImageNeverPull", "not present with pull policy")))
+    assert phase == SessionPhase.FAILED
+    assert reason == "ImageUnavailable"
+    assert "ErrImageNeverPull" in message and "example.invalid/agent:1" in message and "agent" in message
+
+
+def test_a_pull_back_off_waits_and_says_why():
+    phase, reason, message = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
+                                          seen(pod=_waiting("ImagePullBackOff")))
+    assert phase == SessionPhase.PROVISIONING
+    assert reason == "ContainerWaiting" and "ImagePullBackOff" in message
+
+
+def test_a_container_waiting_for_its_first_start_is_plain_pending():
+    phase, reason, _ = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
+                                    seen(pod=_waiting("ContainerCreating")))
+    assert phase == SessionPhase.PROVISIONING and reason == "PodPending"
