@@ -56,6 +56,9 @@ func main() {
 	drv := &driver{name: *driverName, nodeID: *nodeID, store: store}
 
 	csiSocket, err := socketPath(*endpoint)
+	if err == nil {
+		csiSocket, err = filepath.Abs(csiSocket) // the kubelet dials it from its own folder
+	}
 	if err != nil {
 		log.Fatal(err)
 	}
