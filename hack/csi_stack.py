@@ -3,14 +3,16 @@
 Four processes on loopback, built by `hack/build-binaries csi`:
 
     csi-hostpath         our driver (csi/hostpath): volumes are directories, snapshots
-                         tar.gz archives, under <run dir>/csi-hostpath
+                         tar.gz archives, under <run dir>/csi-hostpath; with a real node
+                         it also registers with that node's kubelet, which then calls it
+                         to bind-mount volumes into Pods
     csi-provisioner      PVC -> CreateVolume (including dataSource: snapshot or PVC)
     csi-snapshotter      VolumeSnapshotContent -> CreateSnapshot / DeleteSnapshot
     snapshot-controller  VolumeSnapshot <-> VolumeSnapshotContent
 
 `post_start` applies the VolumeSnapshot CRDs from the downloaded external-snapshotter
-client module (never copied into git), a default StorageClass and a default
-VolumeSnapshotClass. It needs only the API server, so it can run before the four
+client module (never copied into git), the driver's CSIDriver object, a default
+StorageClass and a default VolumeSnapshotClass. It needs only the API server, so it can run before the four
 processes start; snapshot-controller waits for the CRDs at start-up.
 
 Standard library only, like hack/cluster. See docs/csi.md.
@@ -30,6 +32,9 @@ HACK = Path(__file__).resolve().parent
 REPO = HACK.parent
 DRIVER_SRC = REPO / "csi" / "hostpath"
 DRIVER_NAME = "hostpath.csi.savepoint.dev"
+# The real node's name, which the driver reports from NodeGetInfo: the kubelet records
+# it on the Node and its CSINode.
+NODE_NAME = "savepoint-node"
 STORAGE_CLASS = "savepoint-hostpath"
 SNAPSHOT_CLASS = "savepoint-hostpath"
 SNAPSHOT_CLIENT_MODULE = "github.com/kubernetes-csi/external-snapshotter/client/v8"
@@ -81,15 +86,47 @@ def socket_path(run_dir: Path) -> Path:
     return run_dir / "csi.sock"
 
 
-def components(run_dir: Path, kubeconfig: Path, pins: dict[str, str], ports_fn: Callable[[], int]) -> list[dict]:
+def kubelet_root_dir(run_dir: Path) -> Path:
+    """The real node's kubelet --root-dir (hack/cluster starts the kubelet with it)."""
+    return run_dir / "node" / "kubelet"
+
+
+def registration_dir(run_dir: Path) -> Path:
+    """The kubelet's plugins_registry: the driver's registration socket goes here."""
+    return kubelet_root_dir(run_dir) / "plugins_registry"
+
+
+def registration_socket(run_dir: Path) -> Path:
+    """Where the driver listens for the kubelet (its rule: <dir>/<driver name>-reg.sock)."""
+    return registration_dir(run_dir) / f"{DRIVER_NAME}-reg.sock"
+
+
+def components(
+    run_dir: Path,
+    kubeconfig: Path,
+    pins: dict[str, str],
+    ports_fn: Callable[[], int],
+    real_node: bool | None = None,
+) -> list[dict]:
     """The four processes, in start order, as dicts of name, argv and health_url.
 
     ports_fn() returns a free loopback port. The sidecars' health URL is their metrics
     endpoint: it answers once the process runs (they wait for the driver's socket by
     themselves and log while they do).
+
+    real_node: whether the run folder has a real node (kubelet), so the driver serves the
+    kubelet's plugin registration in registration_dir(run_dir); None means "if
+    <run dir>/node exists". The folder is made here, so the driver listens before the
+    kubelet starts: the kubelet walks it at start and watches it after.
     """
     snapshotter = pins["EXTERNAL_SNAPSHOTTER_VERSION"]
     sock = socket_path(run_dir)
+    if real_node is None:
+        real_node = (run_dir / "node").is_dir()
+    registration = []
+    if real_node:
+        registration_dir(run_dir).mkdir(parents=True, exist_ok=True)
+        registration = [f"--kubelet-registration-dir={registration_dir(run_dir)}"]
     driver_port, prov_port, snap_port, ctrl_port = (ports_fn() for _ in range(4))
     # client-go's default of 5 requests/s capped the whole stack near 0.5 snapshots/s, and
     # 10 workers at 50/s near 5/s; at these it keeps up with 20 requested per second
@@ -109,10 +146,11 @@ def components(run_dir: Path, kubeconfig: Path, pins: dict[str, str], ports_fn: 
             "argv": [
                 str(binary("csi-hostpath", driver_version())),
                 f"--endpoint=unix://{sock}",
-                "--nodeid=savepoint-local",
+                f"--nodeid={NODE_NAME}",
                 f"--statedir={state_dir(run_dir)}",
                 f"--drivername={DRIVER_NAME}",
                 f"--health-address=127.0.0.1:{driver_port}",
+                *registration,
             ],
             "health_url": f"http://127.0.0.1:{driver_port}/healthz",
         },
@@ -181,6 +219,19 @@ def crd_name(path: Path) -> str:
 
 
 def classes_manifest() -> str:
+    """The CSIDriver object, the default StorageClass and the default VolumeSnapshotClass."""
+    csi_driver = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {
+            # No ControllerPublish: without this the kubelet would wait for a
+            # VolumeAttachment that no external-attacher ever marks attached.
+            "attachRequired": False,
+            "podInfoOnMount": False,
+            "volumeLifecycleModes": ["Persistent"],
+        },
+    }
     storage_class = {
         "apiVersion": "storage.k8s.io/v1",
         "kind": "StorageClass",
@@ -190,8 +241,8 @@ def classes_manifest() -> str:
         },
         "provisioner": DRIVER_NAME,
         "reclaimPolicy": "Delete",
-        # Immediate: there is no kubelet to trigger WaitForFirstConsumer binding, and
-        # the driver has no topology, so a volume fits every node.
+        # Immediate: the driver has no topology, so a volume fits every node and
+        # there is nothing to wait for a Pod's scheduling to decide.
         "volumeBindingMode": "Immediate",
     }
     snapshot_class = {
@@ -204,11 +255,11 @@ def classes_manifest() -> str:
         "driver": DRIVER_NAME,
         "deletionPolicy": "Delete",
     }
-    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [storage_class, snapshot_class]})
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": [csi_driver, storage_class, snapshot_class]})
 
 
 def post_start(kubectl_fn: Callable[..., str], pins: dict[str, str] | None = None) -> None:
-    """Apply the snapshot CRDs, then the default StorageClass and VolumeSnapshotClass.
+    """Apply the snapshot CRDs, then the CSIDriver, StorageClass and VolumeSnapshotClass.
 
     kubectl_fn(*args, stdin=None) runs kubectl against the cluster and raises on failure
     (hack/cluster's `kubectl`). Safe to repeat.

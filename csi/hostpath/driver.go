@@ -31,6 +31,10 @@ type driver struct {
 	// by name, instead of racing it.
 	mu    sync.Mutex
 	store *store
+
+	// nodeMu serialises mounts and unmounts, so a retried publish finds the first
+	// one's mount instead of stacking a second.
+	nodeMu sync.Mutex
 }
 
 // --- Identity ---------------------------------------------------------------------
@@ -41,7 +45,8 @@ func (d *driver) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi
 
 func (d *driver) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
 	// No VOLUME_ACCESSIBILITY_CONSTRAINTS: volumes live on this machine, which every
-	// (fake) node shares, so PVs carry no node affinity and Pods may land anywhere.
+	// node of the local cluster (the real one and kwok's) is, so PVs carry no node
+	// affinity and Pods may land anywhere.
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{{
 		Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{
 			Type: csi.PluginCapability_Service_CONTROLLER_SERVICE,
@@ -291,16 +296,4 @@ func (d *driver) ListSnapshots(_ context.Context, req *csi.ListSnapshotsRequest)
 		resp.NextToken = strconv.Itoa(end)
 	}
 	return resp, nil
-}
-
-// --- Node -------------------------------------------------------------------------
-
-// Only NodeGetInfo: without a kubelet nothing stages or publishes volumes, but a CSI
-// plugin must still say which node it runs on.
-func (d *driver) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
-	return &csi.NodeGetInfoResponse{NodeId: d.nodeID}, nil
-}
-
-func (d *driver) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
-	return &csi.NodeGetCapabilitiesResponse{}, nil
 }

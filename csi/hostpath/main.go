@@ -5,10 +5,13 @@
 // brings them back. It exists because the upstream csi-driver-host-path module is not
 // served by the Go module proxy we build from; see docs/csi.md.
 //
-// It serves the Identity, Controller and a minimal Node service on one unix socket for
-// the external-provisioner and csi-snapshotter sidecars. There is no kubelet in the
-// local cluster (kwok fakes Pods), so nothing ever stages or publishes a volume: tests
-// and sandboxes read and write the volume directories directly.
+// It serves the Identity, Controller and Node services on one unix socket: the
+// external-provisioner and csi-snapshotter sidecars call the first two, and the real
+// node's kubelet calls the Node service to bind-mount a volume's directory into a Pod.
+// With --kubelet-registration-dir it also serves the kubelet's plugin registration API
+// on a second socket in that folder, which is how the kubelet finds the driver (the
+// job node-driver-registrar does elsewhere). Pods on kwok's fake nodes are never
+// mounted; tests that use them read and write the volume directories directly.
 package main
 
 import (
@@ -39,6 +42,8 @@ func main() {
 	stateDir := flag.String("statedir", "", "directory holding volumes/, snapshots/ and meta/ (required)")
 	driverName := flag.String("drivername", "hostpath.csi.savepoint.dev", "CSI driver name")
 	healthAddr := flag.String("health-address", "", "host:port serving GET /healthz once the socket listens (off when empty)")
+	registrationDir := flag.String("kubelet-registration-dir", "",
+		"the kubelet's <root-dir>/plugins_registry: serve plugin registration on <dir>/<drivername>-reg.sock (off when empty)")
 	flag.Parse()
 	if *nodeID == "" || *stateDir == "" {
 		log.Fatal("--nodeid and --statedir are required")
@@ -50,6 +55,13 @@ func main() {
 	}
 	drv := &driver{name: *driverName, nodeID: *nodeID, store: store}
 
+	csiSocket, err := socketPath(*endpoint)
+	if err == nil {
+		csiSocket, err = filepath.Abs(csiSocket) // the kubelet dials it from its own folder
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
 	lis, err := listenUnix(*endpoint)
 	if err != nil {
 		log.Fatal(err)
@@ -59,16 +71,33 @@ func main() {
 	csi.RegisterControllerServer(srv, drv)
 	csi.RegisterNodeServer(srv, drv)
 
+	// The registration socket comes after the CSI socket listens: the kubelet dials the
+	// CSI endpoint as soon as GetInfo has named it.
+	var regSrv *grpc.Server
+	if *registrationDir != "" {
+		var regSocket string
+		regSrv, regSocket, err = serveRegistration(*registrationDir, *driverName, csiSocket)
+		if err != nil {
+			log.Fatal(err)
+		}
+		log.Printf("kubelet plugin registration on %s", regSocket)
+	}
+
 	if *healthAddr != "" {
 		go serveHealth(*healthAddr)
 	}
 
-	// Stop cleanly on SIGTERM so an in-flight archive finishes and the socket is removed.
+	// Stop cleanly on SIGTERM so an in-flight archive finishes and the sockets are
+	// removed (closing a listener unlinks its socket); the registration socket goes
+	// first, so the kubelet deregisters the driver before its endpoint disappears.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-sigs
 		log.Print("stopping")
+		if regSrv != nil {
+			regSrv.GracefulStop()
+		}
 		srv.GracefulStop()
 	}()
 
@@ -78,15 +107,30 @@ func main() {
 	}
 }
 
-// listenUnix accepts unix:///abs/path and unix:/abs/path, removing a socket left
-// behind by a previous run (it would otherwise fail with "address already in use").
-func listenUnix(endpoint string) (net.Listener, error) {
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path less its NUL).
+const maxSocketPath = 107
+
+// socketPath accepts unix:///abs/path and unix:/abs/path and returns the path.
+func socketPath(endpoint string) (string, error) {
 	path, ok := strings.CutPrefix(endpoint, "unix://")
 	if !ok {
 		path, ok = strings.CutPrefix(endpoint, "unix:")
 	}
 	if !ok || path == "" {
-		return nil, fmt.Errorf("endpoint %q: only unix://<path> is supported", endpoint)
+		return "", fmt.Errorf("endpoint %q: only unix://<path> is supported", endpoint)
+	}
+	if len(path) > maxSocketPath {
+		return "", fmt.Errorf("socket path %s is %d bytes, longer than the %d a unix socket allows: use a shorter folder", path, len(path), maxSocketPath)
+	}
+	return path, nil
+}
+
+// listenUnix listens on a unix:// endpoint, removing a socket left behind by a
+// previous run (it would otherwise fail with "address already in use").
+func listenUnix(endpoint string) (net.Listener, error) {
+	path, err := socketPath(endpoint)
+	if err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
