@@ -1,0 +1,152 @@
+"""The reference harness's pure parts and its CLI on a real folder. No cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from savepoint import harness
+from savepoint.harness import HarnessError, check_record, make_record, resolve, verify_file, write_atomic
+
+
+def cli(*args: str, workspace: Path, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SAVEPOINT_WORKSPACE": str(workspace)}
+    return subprocess.run(
+        [sys.executable, "-m", "savepoint.harness", *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_resolve_keeps_paths_inside_the_workspace(tmp_path: Path) -> None:
+    assert resolve("notes/a.txt", tmp_path) == tmp_path / "notes" / "a.txt"
+    assert resolve(str(tmp_path / "b.txt"), tmp_path) == tmp_path / "b.txt"
+    for bad in ("../escape", "/etc/passwd", "a/../../x", ".", ""):
+        with pytest.raises(HarnessError):
+            resolve(bad, tmp_path)
+
+
+def test_write_atomic_replaces_and_leaves_no_temporary_file(tmp_path: Path) -> None:
+    target = tmp_path / "deep" / "dir" / "f.txt"
+    write_atomic(target, b"one")
+    write_atomic(target, b"two")
+    assert target.read_bytes() == b"two"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["f.txt"]
+
+
+def test_a_reader_never_sees_a_partial_write(tmp_path: Path) -> None:
+    target = tmp_path / "churn.dat"
+    write_atomic(target, make_record(0, 256 * 1024))
+    stop = threading.Event()
+    verdicts: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            verdicts.append(verify_file(target).state)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for generation in range(1, 60):
+            write_atomic(target, make_record(generation, 256 * 1024))
+    finally:
+        stop.set()
+        t.join()
+    assert verdicts and set(verdicts) == {"whole"}
+    assert verify_file(target).generation == 59
+
+
+def test_records_detect_truncation_and_corruption() -> None:
+    record = make_record(7, 1000)
+    assert check_record(record) == harness.Verdict("whole", 7)
+    assert check_record(record[:-1]).state == "torn"
+    assert "payload is 999 bytes" in check_record(record[:-1]).reason
+    flipped = bytearray(record)
+    flipped[-1] ^= 1
+    assert check_record(bytes(flipped)).reason == "payload does not match its sha256"
+    assert check_record(record[:10]).state == "torn"
+    assert check_record(b"").state == "torn"
+    assert make_record(1, 100) != make_record(2, 100)
+
+
+def test_verify_says_absent(tmp_path: Path) -> None:
+    verdict = verify_file(tmp_path / "nothing")
+    assert (verdict.state, verdict.exit_code) == ("absent", harness.ABSENT)
+
+
+def test_parse_assignment_and_object() -> None:
+    assert harness.parse_assignment("a/b.txt=x=y") == ("a/b.txt", "x=y")
+    assert harness.parse_assignment("empty=") == ("empty", "")
+    for bad in ("no-equals", "=content"):
+        with pytest.raises(HarnessError, match="PATH=CONTENT"):
+            harness.parse_assignment(bad)
+    assert harness.parse_object('{"k": 1}') == {"k": 1}
+    with pytest.raises(HarnessError, match="must be an object, got list"):
+        harness.parse_object("[1]")
+    with pytest.raises(HarnessError, match="JSON"):
+        harness.parse_object("{nope")
+
+
+def test_cli_write_read_and_missing_file(tmp_path: Path) -> None:
+    assert cli("write", "out/hello.txt", "hi there", workspace=tmp_path).returncode == 0
+    got = cli("read", "out/hello.txt", workspace=tmp_path)
+    assert (got.returncode, got.stdout) == (0, "hi there")
+    missing = cli("read", "nope.txt", workspace=tmp_path)
+    assert missing.returncode == 1
+    assert "nope.txt: no such file in the workspace" in missing.stderr
+    outside = cli("write", "../x", "y", workspace=tmp_path)
+    assert outside.returncode == 1 and "outside the workspace" in outside.stderr
+
+
+def test_cli_churn_then_verify(tmp_path: Path) -> None:
+    churned = cli("churn", "c.dat", "--seconds", "0.5", "--size", "4096", workspace=tmp_path)
+    assert churned.returncode == 0, churned.stderr
+    assert '"generations": ' in churned.stdout
+    ok = cli("verify", "c.dat", workspace=tmp_path)
+    assert ok.returncode == 0 and '"state": "whole"' in ok.stdout
+    (tmp_path / "c.dat").write_bytes((tmp_path / "c.dat").read_bytes()[:100])
+    torn = cli("verify", "c.dat", workspace=tmp_path)
+    assert torn.returncode == 1 and '"state": "torn"' in torn.stdout
+    assert cli("verify", "gone.dat", workspace=tmp_path).returncode == 2
+
+
+def test_cli_turn_without_session_env_names_the_variables(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAVEPOINT_")}
+    got = subprocess.run(
+        [sys.executable, "-m", "savepoint.harness", "turn", "--message", "hi"],
+        env={**env, "SAVEPOINT_WORKSPACE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert got.returncode == 1
+    assert "SAVEPOINT_NAMESPACE and SAVEPOINT_SESSION must be set" in got.stderr
+
+
+def test_serve_exits_zero_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "savepoint.harness", "serve"],
+        env={**os.environ, "SAVEPOINT_WORKSPACE": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert "savepoint harness serving" in proc.stdout.readline()
+        time.sleep(0.2)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+
+
+def test_harness_never_imports_kopf() -> None:
+    code = "import sys, savepoint.harness, savepoint.eventlog; print('kopf' in sys.modules)"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert got.stdout.strip() == "False"
