@@ -230,6 +230,10 @@ def classes_manifest() -> str:
             "attachRequired": False,
             "podInfoOnMount": False,
             "volumeLifecycleModes": ["Persistent"],
+            # The kubelet gives each mounted volume to the Pod's fsGroup, so a sandbox that
+            # runs as non-root (the reference harness is uid 10001) can write its workspace,
+            # restored ones included (snapshots do not keep ownership).
+            "fsGroupPolicy": "File",
         },
     }
     storage_class = {

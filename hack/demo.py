@@ -1,13 +1,16 @@
-"""The Savepoint demo: a session, a conversation, files, checkpoint, fork, rollback, expiry.
+"""The Savepoint demo on running processes: the operator installed by its Helm chart, a
+sandbox running the reference harness, files written and read inside the sandbox
+container, a checkpoint, a fork, a rollback, and an expired checkpoint whose fork is refused.
 
-Run through `make demo` (hack/demo), which brings up the local control plane unless
-KUBECONFIG names a cluster. It installs the CRDs, runs the operator in the background
-for the duration, and prints `kubectl get sps,ckpt,fork` after every step.
+Run through `make demo` (hack/demo), which brings up the local control plane (with its
+real node and the images built here) unless KUBECONFIG names a cluster; then set
+OPERATOR_IMAGE and HARNESS_IMAGE to images that cluster's nodes have. It prints
+`kubectl get sps,ckpt,fork` after every step.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -16,23 +19,41 @@ import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "operator")]
+sys.path[:0] = [str(REPO / "operator")]
 
 from kubernetes import client, config  # noqa: E402
-from tests.csi_data import pvc_data_dir  # noqa: E402
 
 from savepoint.eventlog import EventLog  # noqa: E402
 from savepoint.models import GROUP, VERSION  # noqa: E402
 
 NS = f"demo-{uuid.uuid4().hex[:5]}"
+OPERATOR_NS = "savepoint-system"
+RUN_DIR = Path(os.environ.get("SAVEPOINT_RUN_DIR", REPO / ".run" / "cluster"))
 BOLD, DIM, RESET = ("\033[1m", "\033[2m", "\033[0m") if sys.stdout.isatty() else ("", "", "")
-KWOK_POD = {
-    "spec": {
-        "containers": [{"name": "agent", "image": "ghcr.io/example/agent:1"}],
-        "nodeSelector": {"type": "kwok"},
-        "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}],
+
+
+def images() -> dict[str, str]:
+    found = {k: os.environ[k] for k in ("OPERATOR_IMAGE", "HARNESS_IMAGE") if os.environ.get(k)}
+    recorded = RUN_DIR / "node" / "images.env"
+    if recorded.exists():
+        for line in recorded.read_text().splitlines():
+            if "=" in line:
+                key, value = line.strip().split("=", 1)
+                found.setdefault(key, value)
+    missing = {"OPERATOR_IMAGE", "HARNESS_IMAGE"} - set(found)
+    if missing:
+        raise SystemExit(f"set {', '.join(sorted(missing))} (hack/build-images builds them for the local cluster)")
+    return found
+
+
+def sandbox(image: str) -> dict:
+    return {
+        "spec": {
+            "containers": [{"name": "agent", "image": image, "imagePullPolicy": "IfNotPresent"}],
+            "securityContext": {"fsGroup": 10001},
+            "terminationGracePeriodSeconds": 2,
+        }
     }
-}
 
 
 def step(text: str) -> None:
@@ -64,6 +85,21 @@ def wait(what: str, predicate, timeout: float = 120):
     raise SystemExit(f"\ntimed out waiting for {what}")
 
 
+def pod_running(name: str, not_uid: str | None = None) -> bool:
+    try:
+        pod = client.CoreV1Api().read_namespaced_pod(name, NS)
+    except client.ApiException:
+        return False
+    statuses = pod.status.container_statuses or []
+    return (
+        pod.metadata.uid != not_uid
+        and pod.status.phase == "Running"
+        and not pod.metadata.deletion_timestamp
+        and bool(statuses)
+        and all(c.ready for c in statuses)
+    )
+
+
 def obj(api: client.CustomObjectsApi, plural: str, name: str) -> dict:
     try:
         return api.get_namespaced_custom_object(GROUP, VERSION, NS, plural, name)
@@ -81,65 +117,100 @@ def create(api, plural: str, kind: str, name: str, spec: dict) -> None:
     api.create_namespaced_custom_object(GROUP, VERSION, NS, plural, body)
 
 
-def files(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()[:12]
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+def harness(session: str, *args: str) -> str:
+    """The reference harness inside the session's sandbox container."""
+    return kubectl("-n", NS, "exec", session, "-c", "agent", "--", "python", "-m", "savepoint.harness", *args).strip()
+
+
+def helm() -> str:
+    pins = dict(
+        line.split("=", 1)
+        for line in (REPO / "hack" / "versions.env").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    cache = Path(
+        os.environ.get("SAVEPOINT_CACHE")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "savepoint"
+    )
+    return str(cache / "bin" / f"helm-{pins['HELM_VERSION'].strip()}" / "helm")
 
 
 def main() -> None:
     config.load_kube_config()
     core, api = client.CoreV1Api(), client.CustomObjectsApi()
+    built = images()
 
-    step("Install the CRDs and start the operator")
-    print(kubectl("apply", "--server-side", "-f", str(REPO / "crds")).rstrip())
-    log_path = REPO / ".run" / "demo-operator.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "operator"), "SAVEPOINT_METRICS_PORT": "0"}
-    with open(log_path, "wb") as out:
-        operator = subprocess.Popen([sys.executable, "-m", "savepoint"], env=env, stdout=out, stderr=out)
-    print(f"operator pid {operator.pid}, log {log_path}")
+    step("Install the operator with its Helm chart (two replicas, one active)")
+    repo, tag = built["OPERATOR_IMAGE"].rsplit(":", 1)
+    out = subprocess.run(
+        [
+            helm(),
+            "upgrade",
+            "--install",
+            "savepoint",
+            str(REPO / "charts" / "savepoint"),
+            "-n",
+            OPERATOR_NS,
+            "--create-namespace",
+            "--wait",
+            "--timeout",
+            "180s",
+            "--set",
+            f"image.repository={repo}",
+            "--set",
+            f"image.tag={tag}",
+            "--set",
+            "expiryIntervalSeconds=1",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"helm install failed: {out.stderr.strip()}")
+    print(kubectl("-n", OPERATOR_NS, "get", "pods", "-o", "wide").rstrip())
     try:
-        story(core, api)
+        story(core, api, built["HARNESS_IMAGE"])
     finally:
-        operator.terminate()
-        operator.wait(timeout=15)
+        if os.environ.get("SAVEPOINT_DEMO_KEEP") != "1":
+            kubectl("delete", "namespace", NS, "--wait=false", check=False)
 
 
-def story(core: client.CoreV1Api, api: client.CustomObjectsApi) -> None:
+def story(core: client.CoreV1Api, api: client.CustomObjectsApi, image: str) -> None:
     core.create_namespace({"metadata": {"name": NS}})
     wait("the namespace's default ServiceAccount", lambda: core.list_namespaced_service_account(NS).items)
 
-    step(f"Create Session 'agent' in namespace {NS}")
+    step(f"Create Session 'agent' in namespace {NS}: a sandbox running {image}")
     create(
         api,
         "sessions",
         "Session",
         "agent",
         {
-            "podTemplate": KWOK_POD,
+            "podTemplate": sandbox(image),
             "workspace": {"size": "256Mi"},
-            "harness": {"name": "demo-harness", "revision": "1"},
+            "harness": {"name": "savepoint-harness", "revision": "1"},
         },
     )
-    agent = wait("session Ready", lambda: phase(api, "sessions", "agent", "Ready"))
+    wait("session Ready", lambda: phase(api, "sessions", "agent", "Ready"))
+    print(kubectl("-n", NS, "get", "pod", "agent", "-o", "wide").rstrip())
     show()
 
-    step("The agent talks and writes files")
+    step("The agent takes a turn inside its sandbox: the conversation and the files")
+    turn = harness(
+        "agent",
+        "turn",
+        "--message",
+        "Write a hello-world service",
+        "--write",
+        "app/main.py=print('hello, world')",
+        "--write",
+        "README.md=# hello service",
+    )
+    print(f"harness: {turn}")
+    print(f"/workspace/app/main.py in the sandbox: {harness('agent', 'read', 'app/main.py')}")
     log = EventLog(core, NS, "agent")
-    log.append("user.message", {"text": "Write a hello-world service"})
-    log.append("run.started", {"runId": "r1"})
-    log.append("tool.call", {"tool": "write_file", "path": "app/main.py"})
-    workspace = pvc_data_dir(core, NS, agent["status"]["workspaceClaimName"])
-    (workspace / "app").mkdir(exist_ok=True)
-    (workspace / "app" / "main.py").write_text("print('hello, world')\n")
-    (workspace / "README.md").write_text("# hello service\n")
-    log.append("run.completed", {"runId": "r1"})
-    print(f"workspace files: {files(workspace)}")
     for e in log.read():
-        print(f"  {e.seq:>3} {e.type:<16} {e.data}")
+        print(f"  {e.seq:>3} {e.type:<16} {json.dumps(e.data)[:60]}")
     wait("session idle", lambda: phase(api, "sessions", "agent", "Ready"))
 
     step("Checkpoint it")
@@ -152,34 +223,33 @@ def story(core: client.CoreV1Api, api: client.CustomObjectsApi) -> None:
     )
     show()
 
-    step("Fork it into 'agent-alt' and try something else there")
+    step("Fork it into 'agent-alt': a new sandbox whose own process reads the checkpointed files")
     create(
         api, "forks", "Fork", "try-alt", {"source": {"checkpoint": "hello-v1"}, "target": {"sessionName": "agent-alt"}}
     )
     wait("fork Succeeded", lambda: phase(api, "forks", "try-alt", "Succeeded", "Failed"))
-    alt = wait("agent-alt Ready", lambda: phase(api, "sessions", "agent-alt", "Ready"))
-    alt_ws = pvc_data_dir(core, NS, alt["status"]["workspaceClaimName"])
-    print(f"agent-alt files: {files(alt_ws)}")
-    (alt_ws / "app" / "main.py").write_text("print('bonjour')\n")
+    wait("agent-alt Ready", lambda: phase(api, "sessions", "agent-alt", "Ready"))
+    wait("agent-alt's Pod running", lambda: pod_running("agent-alt"))
+    print(f"agent-alt reads app/main.py: {harness('agent-alt', 'read', 'app/main.py')}")
+    harness("agent-alt", "write", "app/main.py", "print('bonjour')")
     show()
 
     step("Meanwhile 'agent' breaks its workspace")
-    log.append("user.message", {"text": "Now delete everything"})
-    (workspace / "app" / "main.py").unlink()
-    (workspace / "README.md").write_text("oops\n")
-    print(f"agent files: {files(workspace)}")
+    harness("agent", "turn", "--message", "Now break everything", "--write", "app/main.py=oops")
+    print(f"agent reads app/main.py: {harness('agent', 'read', 'app/main.py')}")
 
-    step("Roll 'agent' back to hello-v1")
+    step("Roll 'agent' back to hello-v1: a new process on the old disk")
+    old_uid = core.read_namespaced_pod("agent", NS).metadata.uid
     create(api, "forks", "Fork", "undo", {"source": {"checkpoint": "hello-v1"}, "mode": "Rollback"})
     wait("rollback Succeeded", lambda: phase(api, "forks", "undo", "Succeeded", "Failed"))
-    agent = wait("agent Ready", lambda: phase(api, "sessions", "agent", "Ready"))
-    restored = pvc_data_dir(core, NS, agent["status"]["workspaceClaimName"])
-    print(f"agent files after rollback: {files(restored)}")
+    wait("agent Ready", lambda: phase(api, "sessions", "agent", "Ready"))
+    wait("agent's new Pod running", lambda: pod_running("agent", not_uid=old_uid))
+    print(f"agent reads app/main.py after the rollback: {harness('agent', 'read', 'app/main.py')}")
     print("the log keeps every event; the effective history skips the undone branch:")
     kept = {e.seq for e in log.effective_history()}
     for e in log.read():
         mark = " " if e.seq in kept else "x"
-        print(f"  {mark} {e.seq:>3} {e.type:<16} {e.data}")
+        print(f"  {mark} {e.seq:>3} {e.type:<16} {json.dumps(e.data)[:60]}")
     show()
 
     step("A checkpoint with a 5 second TTL expires; forking it is refused")
@@ -194,7 +264,8 @@ def story(core: client.CoreV1Api, api: client.CustomObjectsApi) -> None:
     print(f"""  kubectl -n {NS} describe sps agent      # conditions and Events of every transition
   kubectl -n {NS} get configmaps -l savepoint.dev/session   # the event-log chunks
   docs/checkpoints.md, docs/forks.md, docs/event-log.md
-  kubectl delete namespace {NS}            # clean up (the cluster: make cluster-down)""")
+  kubectl -n {OPERATOR_NS} logs deploy/savepoint   # the operator's log
+  the demo deletes {NS} at the end (SAVEPOINT_DEMO_KEEP=1 keeps it); make cluster-down stops the cluster""")
 
 
 if __name__ == "__main__":
