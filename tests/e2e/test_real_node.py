@@ -285,7 +285,7 @@ def test_a_fork_process_reads_the_checkpointed_files_and_the_parent_keeps_its_ow
     in_cluster_operator, s1, crds, core, ns
 ):
     pod = s1.metadata.name
-    mounts = harness(ns, pod, "read", "/proc/self/mounts").stdout
+    mounts = run(KUBECTL, "exec", "-n", ns, pod, "-c", "agent", "--", "cat", "/proc/self/mounts").stdout
     assert " /workspace " in mounts
     turn = json.loads(harness(ns, pod, "turn", "--message", "write the plan", "--write", "plan.md=v1").stdout)
     assert turn
@@ -341,10 +341,11 @@ def test_pause_and_resume_keep_the_files_and_a_fork_at_an_event_starts_empty(in_
         "forks",
         "Fork",
         "at",
-        {"source": {"session": "s1", "atEvent": message.seq}, "target": {"sessionName": "s3"}},
+        {"source": {"session": "s1", "atEvent": message.id}, "target": {"sessionName": "s3"}},
     )
     assert wait_phase(crds, ns, "forks", "at", "Succeeded", "Failed")["status"]["phase"] == "Succeeded"
-    wait_phase(crds, ns, "sessions", "s3", "Ready")
+    # Forked inside the run (after its user.message): the run is still in flight there.
+    wait_phase(crds, ns, "sessions", "s3", "Running")
     child = running_pod(core, ns, "s3")
     absent = harness(ns, child.metadata.name, "read", "kept.txt", check=False)
     assert absent.returncode != 0
