@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from savepoint import metrics
 from savepoint.config import load
-from savepoint.models import GROUP, VERSION
+from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
 
@@ -302,8 +302,6 @@ def get_kopf_peering(name: str, namespace: str | None = None) -> dict | None:
 
 
 # --- CSI snapshots and storage ---------------------------------------------------------
-
-SNAPSHOT_GROUP, SNAPSHOT_VERSION = "snapshot.storage.k8s.io", "v1"
 
 
 def get_volume_snapshot(namespace: str, name: str) -> dict | None:

@@ -25,8 +25,9 @@ from savepoint.checkpoint import (
     rfc3339,
 )
 from savepoint.config import Settings, load
+from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
 from savepoint.controllers import object_lock
-from savepoint.controllers.session import event_log
+from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
     FORK_ANNOTATION,
@@ -44,7 +45,7 @@ from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, Session
 from savepoint.session import SESSION_LABEL, build_pvc, pod_name
 
 log = logging.getLogger(__name__)
-THROUGH_ANNOTATION = "savepoint.dev/through-sequence"
+THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
 TERMINAL = (ForkPhase.SUCCEEDED, ForkPhase.FAILED)
 
 
