@@ -75,7 +75,7 @@ class PolicyError(ValueError):
 _SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
-def parse_quantity(text: str) -> int:
+def parse_quantity(text: str | int) -> int:
     """Bytes from a Kubernetes quantity such as 10Gi, 500M or 1048576."""
     text = str(text).strip()
     for suffix, factor in sorted(_SUFFIX.items(), key=lambda kv: -len(kv[0])):

@@ -31,7 +31,7 @@ def set_condition(
         "status": wanted,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (now or now_rfc3339()) if moved else previous.get("lastTransitionTime"),
+        "lastTransitionTime": (now or now_rfc3339()) if moved else (previous or {}).get("lastTransitionTime"),
         "observedGeneration": generation,
     }
     return [c for c in conditions if c.get("type") != type_] + [entry]

@@ -52,7 +52,7 @@ def local_name(kind: str) -> dict[str, str]:
     )
 
 
-FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+FREE_FORM: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
 class Model(BaseModel):

@@ -173,7 +173,7 @@ def child_digest(obj: dict[str, Any]) -> tuple:
 
 
 def pvc_bound(pvc: dict | None) -> bool:
-    return bool(pvc) and (pvc.get("status") or {}).get("phase") == "Bound"
+    return pvc is not None and (pvc.get("status") or {}).get("phase") == "Bound"
 
 
 def derive_phase(spec: SessionSpec, seen: Observed) -> tuple[SessionPhase, str, str]:

@@ -131,6 +131,7 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
         ckpt = check_checkpoint(source.checkpoint, k8s.get_custom("checkpoints", namespace, source.checkpoint))
         plan = plan_from_checkpoint(spec, ckpt)
     else:
+        assert source.session is not None  # the CRD's CEL rule: a checkpoint or a session
         session = k8s.get_custom("sessions", namespace, source.session)
         if session is None:
             raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {source.session} not found")
@@ -217,7 +218,7 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
         raise ForkError(ForkReason.TARGET_EXISTS, f"session {target_name} already exists")
     phase = (target.get("status") or {}).get("phase")
     if phase == SessionPhase.FAILED:
-        cond = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
+        cond: dict = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
         reason = (
             ForkReason.SESSION_HISTORY_UNAVAILABLE
             if cond.get("reason") == "SessionHistoryUnavailable"

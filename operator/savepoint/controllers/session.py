@@ -286,7 +286,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
 
 def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: str) -> None:
     status["phase"] = phase
-    previous = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+    previous: dict = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
     status["conditions"] = [
         *[c for c in status["conditions"] if c["type"] != "Ready"],
         {
@@ -307,7 +307,7 @@ def _commit(body: dict, status: dict) -> None:
         return  # nothing changed: a write would only wake every watcher of Sessions
     k8s.patch_status("sessions", meta["namespace"], meta["name"], status)
     if status["phase"] != old_status.get("phase"):
-        ready = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+        ready: dict = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
         message = f"phase {old_status.get('phase') or '-'} -> {status['phase']}: {ready.get('message', '')}"
         k8s.post_event(
             body,
