@@ -23,3 +23,9 @@ lint: venv
 
 demo:
 	hack/demo
+
+crds: venv
+	hack/update-crds
+
+verify: venv
+	hack/verify

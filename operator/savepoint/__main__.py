@@ -49,7 +49,7 @@ def main() -> None:
             namespaces=list(settings.namespaces),
             standalone=not settings.peering,
             # Our own identity, so peering.is_active() knows which record in the peering is ours.
-            identity=peering.identity(),
+            identity=peering.identity(),  # type: ignore[arg-type]  # kopf's Identity: a str NewType it does not export
             liveness_endpoint=None,
         )
 

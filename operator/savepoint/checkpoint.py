@@ -12,23 +12,27 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from savepoint.constants import (
+    ANNOTATION_LOG_RETENTION,
+    ANNOTATION_MAX_BYTES,
+    ANNOTATION_MAX_COUNT,
+    ANNOTATION_TTL,
+    ANNOTATION_ZDR,
+    CHECKPOINT_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SESSION_LABEL,
+    SNAPSHOT_GROUP,
+    SNAPSHOT_VERSION,
+)
+
+# Re-exported for the handlers and controllers that read them here. The snapshot watch
+# selects only snapshots without SETTLED_LABEL, so a restart need not list every one.
+from savepoint.constants import AUTOMATIC_LABEL as AUTOMATIC_LABEL
+from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
-
-SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
-SNAPSHOT_VERSION = "v1"
-CHECKPOINT_LABEL = "savepoint.dev/checkpoint"
-# On the VolumeSnapshot of a settled (Ready) checkpoint: the operator's snapshot watch
-# selects only snapshots without it, so a restart need not list and filter every one.
-SETTLED_LABEL = "savepoint.dev/settled"
-AUTOMATIC_LABEL = "savepoint.dev/automatic"
-
-ANNOTATION_TTL = "savepoint.dev/checkpoint-ttl"
-ANNOTATION_ZDR = "savepoint.dev/zero-data-retention"
-ANNOTATION_LOG_RETENTION = "savepoint.dev/log-retention"
-ANNOTATION_MAX_COUNT = "savepoint.dev/max-checkpoints"
-ANNOTATION_MAX_BYTES = "savepoint.dev/max-checkpoint-bytes"
 
 
 class RejectReason(StrEnum):
@@ -71,7 +75,7 @@ class PolicyError(ValueError):
 _SUFFIX = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 
 
-def parse_quantity(text: str) -> int:
+def parse_quantity(text: str | int) -> int:
     """Bytes from a Kubernetes quantity such as 10Gi, 500M or 1048576."""
     text = str(text).strip()
     for suffix, factor in sorted(_SUFFIX.items(), key=lambda kv: -len(kv[0])):
@@ -219,8 +223,8 @@ def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str)
             "annotations": {CHECKPOINT_LABEL: meta["name"]},
             "labels": {
                 CHECKPOINT_LABEL: checkpoint_label_value(meta["name"]),
-                "savepoint.dev/session": body["spec"]["sessionName"],
-                "app.kubernetes.io/managed-by": "savepoint",
+                SESSION_LABEL: body["spec"]["sessionName"],
+                MANAGED_BY_LABEL: MANAGED_BY,
             },
         },
         "spec": {

@@ -1,38 +1,12 @@
-"""Condition types and reasons as named constants, and pure helpers to set them."""
+"""Pure helpers to set conditions (their types and reasons are named in savepoint.constants)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Any
 
-
-class ConditionType(StrEnum):
-    READY = "Ready"
-    WORKSPACE_BOUND = "WorkspaceBound"
-    POD_RUNNING = "PodRunning"
-    EVENT_LOG_READABLE = "EventLogReadable"
-
-
-class Reason(StrEnum):
-    # Session
-    PROVISIONING = "Provisioning"
-    WORKSPACE_PENDING = "WorkspacePending"
-    WORKSPACE_BOUND = "WorkspaceBound"
-    POD_PENDING = "PodPending"
-    POD_RUNNING = "PodRunning"
-    POD_FAILED = "PodFailed"
-    IMAGE_UNAVAILABLE = "ImageUnavailable"  # the kubelet cannot get the image and will not retry
-    CONTAINER_WAITING = "ContainerWaiting"  # the kubelet is retrying (pull back-off, config error)
-    POD_SUCCEEDED = "PodSucceeded"
-    PAUSED = "Paused"
-    RUN_IN_FLIGHT = "RunInFlight"
-    APPROVAL_PENDING = "ApprovalPending"
-    IDLE = "Idle"
-    LOG_READABLE = "LogReadable"
-    LOG_MALFORMED = "LogMalformed"
-    LOG_UNAVAILABLE = "LogUnavailable"
-    INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+from savepoint.constants import ConditionType as ConditionType
+from savepoint.constants import Reason as Reason
 
 
 def now_rfc3339() -> str:
@@ -57,7 +31,7 @@ def set_condition(
         "status": wanted,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": (now or now_rfc3339()) if moved else previous.get("lastTransitionTime"),
+        "lastTransitionTime": (now or now_rfc3339()) if moved else (previous or {}).get("lastTransitionTime"),
         "observedGeneration": generation,
     }
     return [c for c in conditions if c.get("type") != type_] + [entry]

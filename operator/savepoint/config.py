@@ -1,6 +1,8 @@
 """Every operator setting, read once from a SAVEPOINT_* environment variable.
 
-Each field says what it does and its default; README.md lists the same table.
+The comment above each field says what it does, in Markdown: hack/update-readme makes
+README.md's table of settings from these fields and comments (a line `Default: TEXT`
+shows TEXT as the default), and hack/verify fails when the table is stale.
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ _PROCESS_PRIORITY = random.SystemRandom().randint(1, 2**31 - 1)
 
 @dataclass(frozen=True)
 class Settings:
-    # Namespaces to watch, comma-separated; empty means the whole cluster.
+    # Comma-separated namespaces to watch; empty watches the whole cluster. Each listed
+    # namespace adds a watch per kind: cluster-wide uses the least memory
+    # ([operations](docs/operations.md#restart)).
+    # Default: (all)
     namespaces: tuple[str, ...] = field(
         default_factory=lambda: tuple(n for n in _env("NAMESPACES", "").split(",") if n)
     )
     # Python log level of the operator.
     log_level: str = field(default_factory=lambda: _env("LOG_LEVEL", "INFO").upper())
-    # Checkpoint lifetime when neither the Checkpoint nor the namespace sets one (DESIGN 2).
+    # Checkpoint lifetime when neither the Checkpoint nor its namespace sets one.
     default_checkpoint_ttl: timedelta = field(
         default_factory=lambda: parse_duration(_env("DEFAULT_CHECKPOINT_TTL", "30d"))
     )
@@ -44,39 +49,45 @@ class Settings:
     expired_grace: timedelta = field(default_factory=lambda: parse_duration(_env("EXPIRED_GRACE", "7d")))
     # How long a VolumeSnapshot may take to become ready before its Checkpoint fails.
     snapshot_timeout: timedelta = field(default_factory=lambda: parse_duration(_env("SNAPSHOT_TIMEOUT", "10m")))
-    # kopf peering name; replicas sharing it elect one active operator. Empty: standalone.
+    # kopf peering name; replicas sharing it elect one active operator.
+    # Default: (standalone)
     peering: str = field(default_factory=lambda: _env("PEERING", ""))
-    # This replica's peering priority: of the live replicas the highest one is active, the
-    # others stand by. Default: random per process (distinct for practical purposes; two
-    # replicas with the same priority would both pause). Set it to prefer one replica.
+    # This replica's peering priority: the live replica with the highest is active, the
+    # others stand by. Random per process by default; two replicas with the same priority
+    # would both pause. Set it to prefer one replica.
+    # Default: (random)
     peering_priority: int = field(default_factory=lambda: int(_env("PEERING_PRIORITY", str(_PROCESS_PRIORITY))))
-    # Seconds a replica's peering record stays valid without a keep-alive (kopf's lifetime):
-    # a killed active replica is replaced within about this long.
+    # Seconds a replica's peering record lasts without renewal (kopf's lifetime): a killed
+    # active replica is replaced within about this long.
     peering_lifetime_seconds: int = field(default_factory=lambda: int(_env("PEERING_LIFETIME", "60")))
-    # Port of the Prometheus /metrics and /healthz endpoint; 0 turns it off.
+    # Port of `/metrics` (Prometheus) and `/healthz`; `0` turns it off.
     metrics_port: int = field(default_factory=lambda: int(_env("METRICS_PORT", "8080")))
-    # Serve the validating admission webhook (DESIGN 2) when true.
+    # Serve the validating admission webhook for Checkpoint creates.
     webhook: bool = field(default_factory=lambda: _bool("WEBHOOK", False))
-    # Port of the admission webhook's HTTPS server (when SAVEPOINT_WEBHOOK is true).
+    # Port of the webhook's HTTPS server (path `/validate-checkpoints`), when
+    # `SAVEPOINT_WEBHOOK` is true.
     webhook_port: int = field(default_factory=lambda: int(_env("WEBHOOK_PORT", "9443")))
     # Address the webhook server listens on.
     webhook_addr: str = field(default_factory=lambda: _env("WEBHOOK_ADDR", "0.0.0.0"))
-    # Folder holding the webhook's tls.crt and tls.key (a kubernetes.io/tls Secret, mounted).
+    # Folder with the webhook's `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret, mounted).
     webhook_cert_dir: str = field(default_factory=lambda: _env("WEBHOOK_CERT_DIR", "/etc/savepoint/webhook-tls"))
-    # Interval of the expiry loop, in seconds: each tick expires what the watch-fed queue
-    # says is due (a full listing of checkpoints only at start-up and on take-over).
+    # Interval of the expiry loop, in seconds: each tick expires the checkpoints the watch
+    # says are due (a full listing only at start-up and take-over).
     expiry_interval_seconds: float = field(default_factory=lambda: float(_env("EXPIRY_INTERVAL_SECONDS", "5")))
-    # Threads that expire the checkpoints due at once (a storm), each sending its four
-    # requests in turn; the client's rate limit, not this, should be what paces a storm.
+    # Threads that expire checkpoints falling due at once (an expiry storm), each sending
+    # its four requests in turn; the API rate limit, not this, should pace a storm.
     expiry_workers: int = field(default_factory=lambda: int(_env("EXPIRY_WORKERS", "16")))
-    # Interval of the safety re-reconcile of every Session, in seconds.
+    # Interval of the safety re-reconcile of every Session, in seconds (watch events drive
+    # the rest; each resync is a pass of about 5 requests, so sessions / interval passes
+    # per second at rest).
     resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "600")))
-    # Client-side rate limit of the operator's own API requests (requests per second and
-    # burst), as client-go's QPS/Burst; 0 turns it off. kopf's watch streams are not counted.
+    # Client-side rate limit of the operator's own API requests per second, as client-go's
+    # QPS (`0` turns it off). kopf's own requests (its watch streams) are not counted.
     api_qps: float = field(default_factory=lambda: float(_env("API_QPS", "100")))
+    # Burst allowed above that rate (client-go's Burst).
     api_burst: int = field(default_factory=lambda: int(_env("API_BURST", "200")))
-    # Timeout of each request of the operator's own client, in seconds, so a hung
-    # connection cannot hold a worker thread forever (a call may pass its own).
+    # Timeout of each of the operator's own API requests, in seconds, so a hung
+    # connection cannot hold a worker thread (a call may pass its own).
     api_timeout_seconds: float = field(default_factory=lambda: float(_env("API_TIMEOUT_SECONDS", "30")))
 
 

@@ -3,8 +3,8 @@
 pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: every
 node typed, no `$ref`, no `anyOf` with null, no titles. `structural()` makes that
 translation; `build_crds()` adds names, printer columns and the status subresource.
-hack/update-crds writes the result to crds/ and the Helm chart; hack/verify-crds fails
-on drift.
+hack/update-crds writes the result to crds/ and the Helm chart; `hack/update-crds --check`
+(run by hack/verify) fails on drift.
 """
 
 from __future__ import annotations

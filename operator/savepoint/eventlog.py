@@ -39,6 +39,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from savepoint.constants import API_VERSION, MANAGED_BY, MANAGED_BY_LABEL, SESSION_LABEL
 from savepoint.errors import (
     EventLogError,
     EventTooLarge,
@@ -57,9 +58,6 @@ __all__ = [
 ]
 
 TOMBSTONE_KEY = "savepoint.dev/erased"
-SESSION_LABEL = "savepoint.dev/session"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "savepoint"
 FIRST_SEQ_ANNOTATION = "savepoint.dev/first-seq"
 SEALED_ANNOTATION = "savepoint.dev/sealed"
 
@@ -1103,7 +1101,7 @@ class EventLog:
         if uid and "owner" not in kwargs:
             # No blockOwnerDeletion: setting it needs rights on the Session a sandbox lacks.
             kwargs["owner"] = {
-                "apiVersion": "savepoint.dev/v1alpha1",
+                "apiVersion": API_VERSION,
                 "kind": "Session",
                 "name": session,
                 "uid": uid,

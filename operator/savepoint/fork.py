@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from savepoint.models import CheckpointPhase, ForkMode, ForkSpec, RestoreMode
+from savepoint.constants import API_VERSION, FORK_ANNOTATION, PARENT_SESSION_LABEL
 
-FORK_ANNOTATION = "savepoint.dev/fork"  # on a target Session: the uid of the Fork that made it
-RESTORING_ANNOTATION = "savepoint.dev/restoring"  # on a Session being rolled back: the Fork's name
+# Re-exported: the Session and Fork controllers read it here.
+from savepoint.constants import RESTORING_ANNOTATION as RESTORING_ANNOTATION
+from savepoint.models import CheckpointPhase, ForkMode, ForkSpec, RestoreMode
 
 
 class ForkReason(StrEnum):
@@ -123,13 +124,13 @@ def build_target_session(
             target_spec["source"]["atEvent"] = at_event
     meta = fork["metadata"]
     return {
-        "apiVersion": "savepoint.dev/v1alpha1",
+        "apiVersion": API_VERSION,
         "kind": "Session",
         "metadata": {
             "name": spec.target.session_name if spec.target else None,
             "namespace": meta["namespace"],
             "annotations": {FORK_ANNOTATION: meta["uid"]},
-            "labels": {"savepoint.dev/parent-session": plan.source_session},
+            "labels": {PARENT_SESSION_LABEL: plan.source_session},
         },
         "spec": target_spec,
     }

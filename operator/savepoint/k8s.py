@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client, config
@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from savepoint import metrics
 from savepoint.config import load
-from savepoint.models import GROUP, VERSION
+from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
 
@@ -117,7 +117,8 @@ def core() -> client.CoreV1Api:
     return client.CoreV1Api(api_client())
 
 
-def custom() -> client.CustomObjectsApi:
+def custom() -> Any:
+    # Any, not CustomObjectsApi: its methods answer the objects as plain dicts, typed `object`.
     return client.CustomObjectsApi(api_client())
 
 
@@ -128,7 +129,7 @@ def _raw(response: Any) -> dict:
 def status_message(err: ApiException) -> str:
     """The API server's own message from a refusal (a Status body), else the exception's text."""
     try:
-        return str(json.loads(err.body)["message"])
+        return str(json.loads(cast(str, err.body))["message"])
     except (TypeError, ValueError, KeyError):
         return str(err.reason or err)
 
@@ -158,7 +159,7 @@ def get_namespace(name: str) -> dict:
 def ensure_pod(body: dict) -> dict:
     ns = body["metadata"]["namespace"]
     try:
-        return _raw(core().create_namespaced_pod(ns, body, _preload_content=False))
+        return _raw(core().create_namespaced_pod(ns, cast(Any, body), _preload_content=False))
     except ApiException as err:
         if err.status != 409:
             raise
@@ -169,7 +170,7 @@ def ensure_pod(body: dict) -> dict:
 def ensure_pvc(body: dict) -> dict:
     ns = body["metadata"]["namespace"]
     try:
-        return _raw(core().create_namespaced_persistent_volume_claim(ns, body, _preload_content=False))
+        return _raw(core().create_namespaced_persistent_volume_claim(ns, cast(Any, body), _preload_content=False))
     except ApiException as err:
         if err.status != 409:
             raise
@@ -302,8 +303,6 @@ def get_kopf_peering(name: str, namespace: str | None = None) -> dict | None:
 
 
 # --- CSI snapshots and storage ---------------------------------------------------------
-
-SNAPSHOT_GROUP, SNAPSHOT_VERSION = "snapshot.storage.k8s.io", "v1"
 
 
 def get_volume_snapshot(namespace: str, name: str) -> dict | None:
@@ -441,7 +440,7 @@ def post_event(body: dict, reason: str, message: str, warning: bool = False) -> 
         "count": 1,
     }
     try:
-        core().create_namespaced_event(meta["namespace"], event)
+        core().create_namespaced_event(meta["namespace"], cast(Any, event))  # a dict body, as the others
     except Exception:  # an Event is a courtesy; losing one must not fail a reconcile
         logging.getLogger(__name__).debug("could not post event %s on %s", reason, meta["name"], exc_info=True)
 

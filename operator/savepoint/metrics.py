@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
@@ -133,7 +134,7 @@ class count_errors:  # noqa: N801 (used as a context manager, reads like a funct
         reconciles_in_flight.labels(self.kind).inc()
         return None
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         reconciles_in_flight.labels(self.kind).dec()
         if exc_type is not None:
             reconcile_errors.labels(self.kind).inc()

@@ -15,9 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-GROUP = "savepoint.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+# Re-exported: code that reads the models finds the API names beside them.
+from savepoint.constants import API_VERSION as API_VERSION
+from savepoint.constants import GROUP as GROUP
+from savepoint.constants import VERSION as VERSION
 
 # Go-style durations with positive units only ("30d", "1h30m", "90s"); a sign is refused.
 DURATION_PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w))+$"
@@ -51,7 +52,7 @@ def local_name(kind: str) -> dict[str, str]:
     )
 
 
-FREE_FORM = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+FREE_FORM: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
 
 
 class Model(BaseModel):

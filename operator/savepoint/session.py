@@ -1,6 +1,6 @@
 """Pure decisions for a Session: observed objects in, desired objects and status out.
 
-Nothing here talks to the API server; handlers/session.py gathers what it observes,
+Nothing here talks to the API server; controllers/session.py gathers what it observes,
 calls these functions, and writes the results through savepoint.k8s.
 """
 
@@ -10,15 +10,13 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from savepoint import constants
 from savepoint.conditions import ConditionType, Reason, set_condition
-from savepoint.models import API_VERSION, OperatingMode, SessionPhase, SessionSpec
+from savepoint.constants import API_VERSION, POD_BOOT_MS, POD_CREATED_MS, SESSION_LABEL
+from savepoint.models import OperatingMode, SessionPhase, SessionSpec
 
-SESSION_LABEL = "savepoint.dev/session"
-MANAGED_BY = {"app.kubernetes.io/managed-by": "savepoint"}
+MANAGED_BY = {constants.MANAGED_BY_LABEL: constants.MANAGED_BY}
 WORKSPACE_VOLUME = "workspace"
-# Set by the operator on the Pod it creates: milliseconds since the epoch, by its own clock.
-POD_CREATED_MS = "savepoint.dev/created-ms"
-POD_BOOT_MS = "savepoint.dev/boot-ms"
 
 
 def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
@@ -200,7 +198,7 @@ def container_problem(pod: dict | None) -> tuple[bool, str] | None:
 
 
 def pvc_bound(pvc: dict | None) -> bool:
-    return bool(pvc) and (pvc.get("status") or {}).get("phase") == "Bound"
+    return pvc is not None and (pvc.get("status") or {}).get("phase") == "Bound"
 
 
 def derive_phase(spec: SessionSpec, seen: Observed) -> tuple[SessionPhase, str, str]:

@@ -41,8 +41,9 @@ from savepoint.checkpoint import (
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
+from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
 from savepoint.controllers import has_run, object_lock, one_pass
-from savepoint.controllers.session import event_log
+from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor, effective_history, summarize
 from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
@@ -50,7 +51,6 @@ from savepoint.session import SESSION_LABEL, owner_reference
 
 log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
-RUN_SEQ_LABEL = "savepoint.dev/run-seq"
 
 
 def _now() -> datetime:
@@ -238,7 +238,7 @@ def _admit(body: dict, settings: Settings) -> None:
             "resume": {"kind": "snapshot"},
             "createdAt": rfc3339(created),
             "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
-            "conditions": _ready_condition(body, False, "Snapshotting", "waiting for the VolumeSnapshot"),
+            "conditions": _ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
         },
         event=("Accepted", f"cut at event {cursor.seq} of session {spec.session_name}"),
     )
@@ -345,7 +345,9 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
             "message": None,
             "readyAt": rfc3339(ready_at),
             "restoreSize": restore_size,
-            "conditions": _ready_condition(body, True, "SnapshotReady", f"restorable; snapshot took ~{snapshot_ms} ms"),
+            "conditions": _ready_condition(
+                body, True, Reason.SNAPSHOT_READY, f"restorable; snapshot took ~{snapshot_ms} ms"
+            ),
         },
         event=("Ready", f"VolumeSnapshot {status.get('volumeSnapshotName')} is ready ({restore_size or '?'} bytes)"),
     )
@@ -385,10 +387,10 @@ def expire(body: dict) -> bool:
         body,
         {
             "phase": CheckpointPhase.EXPIRED.value,
-            "reason": "TTLExpired",
+            "reason": Reason.TTL_EXPIRED.value,
             "message": message,
             "resume": {"kind": "event_log"},
-            "conditions": _ready_condition(body, False, "TTLExpired", message),
+            "conditions": _ready_condition(body, False, Reason.TTL_EXPIRED, message),
         },
         event=("Expired", message),
     )
@@ -574,7 +576,7 @@ def ensure_automatic(session: dict, run_completed_seq: int, keep_last: int | Non
         "checkpoints",
         meta["namespace"],
         {
-            "apiVersion": "savepoint.dev/v1alpha1",
+            "apiVersion": API_VERSION,
             "kind": "Checkpoint",
             "metadata": {
                 "name": name,

@@ -25,8 +25,9 @@ from savepoint.checkpoint import (
     rfc3339,
 )
 from savepoint.config import Settings, load
+from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
 from savepoint.controllers import object_lock
-from savepoint.controllers.session import event_log
+from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
     FORK_ANNOTATION,
@@ -44,7 +45,7 @@ from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, Session
 from savepoint.session import SESSION_LABEL, build_pvc, pod_name
 
 log = logging.getLogger(__name__)
-THROUGH_ANNOTATION = "savepoint.dev/through-sequence"
+THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
 TERMINAL = (ForkPhase.SUCCEEDED, ForkPhase.FAILED)
 
 
@@ -130,6 +131,7 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
         ckpt = check_checkpoint(source.checkpoint, k8s.get_custom("checkpoints", namespace, source.checkpoint))
         plan = plan_from_checkpoint(spec, ckpt)
     else:
+        assert source.session is not None  # the CRD's CEL rule: a checkpoint or a session
         session = k8s.get_custom("sessions", namespace, source.session)
         if session is None:
             raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {source.session} not found")
@@ -216,7 +218,7 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
         raise ForkError(ForkReason.TARGET_EXISTS, f"session {target_name} already exists")
     phase = (target.get("status") or {}).get("phase")
     if phase == SessionPhase.FAILED:
-        cond = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
+        cond: dict = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
         reason = (
             ForkReason.SESSION_HISTORY_UNAVAILABLE
             if cond.get("reason") == "SessionHistoryUnavailable"

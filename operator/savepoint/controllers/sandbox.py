@@ -103,6 +103,7 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
         granted = sandbox.granted_window(role)
     elif newest is None:
         return name
+    assert newest is not None  # a Role found without a listing is only read when the caller listed the log
     if sandbox.needs_widening(granted, newest):
         granted = sandbox.window(newest)
         try:

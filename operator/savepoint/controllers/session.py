@@ -16,7 +16,15 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
+from savepoint.constants import (
+    API_VERSION,
+    RECLAIM_LABEL,
+    RESTORE_STARTED_MS_ANNOTATION,
+    THROUGH_SEQUENCE_ANNOTATION,
+    Reason,
+)
 from savepoint.controllers import has_run, object_lock, one_pass, sandbox
+from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -33,7 +41,6 @@ from savepoint.session import (
     build_status,
     child_digest,
     claim_name,
-    owner_reference,
     pod_name,
     pod_phase,
 )
@@ -43,11 +50,6 @@ log = logging.getLogger(__name__)
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def event_log(body: dict[str, Any]) -> EventLog:
-    meta = body["metadata"]
-    return EventLog(k8s.core(), meta["namespace"], meta["name"], owner=owner_reference(body))
 
 
 def _owned_by(obj: dict | None, body: dict) -> bool:
@@ -267,7 +269,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
         _override_ready(status, meta, "Provisioning", hold[0], hold[1])
     if template_error:
-        _override_ready(status, meta, "Failed", "InvalidPodTemplate", template_error)
+        _override_ready(status, meta, "Failed", Reason.INVALID_POD_TEMPLATE, template_error)
     status.update(extra)
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
@@ -284,7 +286,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
 
 def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: str) -> None:
     status["phase"] = phase
-    previous = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+    previous: dict = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
     status["conditions"] = [
         *[c for c in status["conditions"] if c["type"] != "Ready"],
         {
@@ -305,7 +307,7 @@ def _commit(body: dict, status: dict) -> None:
         return  # nothing changed: a write would only wake every watcher of Sessions
     k8s.patch_status("sessions", meta["namespace"], meta["name"], status)
     if status["phase"] != old_status.get("phase"):
-        ready = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
+        ready: dict = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
         message = f"phase {old_status.get('phase') or '-'} -> {status['phase']}: {ready.get('message', '')}"
         k8s.post_event(
             body,
@@ -336,9 +338,9 @@ def reclaim_workspace(body: dict, claim: str) -> str | None:
             "checkpoints",
             meta["namespace"],
             {
-                "apiVersion": "savepoint.dev/v1alpha1",
+                "apiVersion": API_VERSION,
                 "kind": "Checkpoint",
-                "metadata": {"name": name, "labels": {"savepoint.dev/reclaim": "true"}},
+                "metadata": {"name": name, "labels": {RECLAIM_LABEL: "true"}},
                 "spec": {"sessionName": meta["name"], "label": "workspace reclaimed on pause"},
             },
         )
@@ -402,7 +404,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     namespace = meta["namespace"]
     source = spec.source
     assert source is not None
-    through = (meta.get("annotations") or {}).get("savepoint.dev/through-sequence")
+    through = (meta.get("annotations") or {}).get(THROUGH_SEQUENCE_ANNOTATION)
     data_source = None
     parent = source.session
     if source.checkpoint:
@@ -454,7 +456,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
         raise RestoreError("SessionHistoryUnavailable", str(err)) from None
     if (pvc.get("status") or {}).get("phase") != "Bound":
         return None
-    created = int((meta.get("annotations") or {}).get("savepoint.dev/restore-started-ms", started))
+    created = int((meta.get("annotations") or {}).get(RESTORE_STARTED_MS_ANNOTATION, started))
     restore: dict[str, Any] = {
         "mode": "snapshot" if data_source else "event_log_rebuild",
         "throughSequence": through_seq,
