@@ -260,6 +260,19 @@ class AsyncSessions:
         )
         return await self._c._run(op, on_progress, "Session")
 
+    async def wait(
+        self,
+        session: str | Session,
+        *phases: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        on_progress: OnProgress = None,
+    ) -> Session:
+        await self._c.connect()
+        op = core.wait_session(
+            self._c.namespace, name_of(session), phases or ("Ready",), timeout=timeout, clock=time.monotonic
+        )
+        return await self._c._run(op, on_progress, "Session")
+
     async def rollback(
         self,
         session: str | Session,

@@ -314,17 +314,16 @@ def _ready_condition(status: dict[str, Any]) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
 
 
-def session_outcome(want: str) -> Callable[[dict[str, Any]], Outcome | None]:
-    """`up` (Ready, or Running/AwaitingApproval once a run starts) or `paused`, as of the newest spec."""
+def session_outcome(phases: tuple[str, ...]) -> Callable[[dict[str, Any]], Outcome | None]:
+    """Done once the session, as of its newest spec, is in one of `phases`; Failed or Ended ends the wait."""
 
     def decide(obj: dict[str, Any]) -> Outcome | None:
         status = obj.get("status") or {}
         if (status.get("observedGeneration") or 0) < (obj["metadata"].get("generation") or 0):
             return None  # the operator has not seen the change yet
         phase = status.get("phase")
-        name = obj["metadata"]["name"]
-        if (want == "up" and phase in UP_PHASES) or (want == "paused" and phase == "Paused"):
-            return Outcome(True, f"session {name} is {phase}")
+        if phase in phases:
+            return Outcome(True, f"session {obj['metadata']['name']} is {phase}")
         if phase in ("Failed", "Ended"):
             ready = _ready_condition(status)
             return Outcome(False, _reason_text(phase, {"reason": ready.get("reason"), "message": ready.get("message")}))
@@ -552,6 +551,13 @@ def wait_named(namespace: str, kind: str, name: str, *, timeout: float, clock: C
     return (yield from wait(kind, namespace, obj, decide, timeout=timeout, clock=clock))
 
 
+def wait_session(
+    namespace: str, name: str, phases: tuple[str, ...], *, timeout: float, clock: Callable[[], float]
+) -> Operation:
+    obj = yield from get("Session", namespace, name)
+    return (yield from wait("Session", namespace, obj, session_outcome(phases), timeout=timeout, clock=clock))
+
+
 def create_checkpoint(
     namespace: str,
     session: str,
@@ -625,7 +631,7 @@ def create_session(
     yield Report(Progress("created", "Session", name, namespace, "", 0.0, obj))
     if not wait_up:
         return obj
-    return (yield from wait("Session", namespace, obj, session_outcome("up"), timeout=timeout, clock=clock))
+    return (yield from wait("Session", namespace, obj, session_outcome(UP_PHASES), timeout=timeout, clock=clock))
 
 
 def set_operating_mode(
@@ -640,8 +646,8 @@ def set_operating_mode(
         raise request_error(err, f"setting session {name} to {mode}") from None
     if not wait_done:
         return obj
-    want = "paused" if mode == "Paused" else "up"
-    return (yield from wait("Session", namespace, obj, session_outcome(want), timeout=timeout, clock=clock))
+    phases = ("Paused",) if mode == "Paused" else UP_PHASES
+    return (yield from wait("Session", namespace, obj, session_outcome(phases), timeout=timeout, clock=clock))
 
 
 def delete(

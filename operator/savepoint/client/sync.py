@@ -276,6 +276,19 @@ class Sessions:
         )
         return self._c._run(op, on_progress, "Session")
 
+    def wait(
+        self,
+        session: str | Session,
+        *phases: str,
+        timeout: float = DEFAULT_TIMEOUT,
+        on_progress: OnProgress = None,
+    ) -> Session:
+        """Wait until the session is in one of `phases` (default: Ready); SessionFailed if it fails."""
+        op = core.wait_session(
+            self._c.namespace, name_of(session), phases or ("Ready",), timeout=timeout, clock=time.monotonic
+        )
+        return self._c._run(op, on_progress, "Session")
+
     def rollback(
         self,
         session: str | Session,
