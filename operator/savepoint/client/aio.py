@@ -106,14 +106,15 @@ class _Call:
 
         if self.stream is None:
             return None
+        # A Watch closes itself on any exception out of __anext__: forget it, never close it twice.
         try:
             event = await self.stream.__anext__()
-        except StopAsyncIteration:
+        except (StopAsyncIteration, TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+            self.stream = None  # ended, or the connection went quiet or broke: resume from the last version
+            return None
+        except BaseException:
             self.stream = None
-            return None
-        except (TimeoutError, aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
-            await self.close()  # the connection went quiet or broke: resume from the last version
-            return None
+            raise
         return {"type": event["type"], "object": event["raw_object"]}
 
     async def close(self) -> None:
