@@ -22,6 +22,7 @@ from savepoint.client import (
     Client,
     IdempotencyKeyConflict,
     InvalidRequest,
+    QuotaExceeded,
     SessionBusy,
     SessionHistoryUnavailable,
     SessionNotFound,
@@ -90,7 +91,7 @@ def test_create_waits_by_watch_and_returns_the_ready_checkpoint(client, s1):
     assert client.checkpoints.get(ckpt.name).status.ready_at == ckpt.status.ready_at
 
 
-def test_an_idempotency_key_returns_the_same_checkpoint(client, s1):
+def test_an_idempotency_key_returns_the_same_checkpoint(client, s1, core, namespace):
     first = client.checkpoints.create("s1", label="retry", idempotency_key="req-1")
     steps = []
     again = client.checkpoints.create("s1", label="retry", idempotency_key="req-1", on_progress=steps.append)
@@ -102,6 +103,12 @@ def test_an_idempotency_key_returns_the_same_checkpoint(client, s1):
         client.checkpoints.create("s1", label="another", idempotency_key="req-1")
     assert caught.value.http_status == 422
     assert len(client.checkpoints.list()) == 1
+
+    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/max-checkpoints": "1"}}})
+    with pytest.raises(QuotaExceeded) as caught:
+        client.checkpoints.create("s1", timeout=60)
+    assert (caught.value.http_status, caught.value.reason) == (409, "QuotaExceeded")
+    assert "max-checkpoints=1" in str(caught.value)
 
 
 def test_not_found_maps_to_404(operator, client):
@@ -120,7 +127,7 @@ def test_not_found_maps_to_404(operator, client):
         list(client.log("ghost").tail())
 
 
-def test_busy_expired_and_history_unavailable(client, s1):
+def test_busy_expired_and_history_unavailable(webhook, client, s1, core, namespace):
     log = client.log(s1)
     log.append("user.message", {"text": "hi"}, subject="alice")
     brief = client.checkpoints.create(s1, ttl="2s")
@@ -130,6 +137,12 @@ def test_busy_expired_and_history_unavailable(client, s1):
         client.checkpoints.create(s1, timeout=60)
     assert (caught.value.http_status, caught.value.reason) == (409, "SessionBusy")
     assert "run in flight" in str(caught.value)
+    # With the admission webhook, the same refusal comes from the create itself, as the same class.
+    core.patch_namespace(namespace, {"metadata": {"labels": {webhook: "true"}}})
+    with pytest.raises(SessionBusy) as caught:
+        client.checkpoints.create(s1, timeout=60)
+    assert caught.value.http_status == 409 and caught.value.object is None
+    assert "denied the request: SessionBusy: session s1 has a run in flight" in str(caught.value)
     log.append("run.completed", {"runId": "r1"})
 
     wait_for(
