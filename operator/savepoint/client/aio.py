@@ -81,7 +81,6 @@ class _Call:
         if isinstance(r, core.Delete):
             return await self.custom.delete_namespaced_custom_object(GROUP, VERSION, r.namespace, r.plural, r.name)
         if isinstance(r, core.Watch):
-            import aiohttp
             from kubernetes.aio import watch
 
             self.stream = watch.Watch().stream(
@@ -94,9 +93,8 @@ class _Call:
                 resource_version=r.resource_version,
                 timeout_seconds=r.timeout_seconds,
                 allow_watch_bookmarks=True,
-                _request_timeout=aiohttp.ClientTimeout(
-                    sock_connect=10, sock_read=r.timeout_seconds + core.WATCH_GRACE_SECONDS
-                ),
+                # A total for the whole stream (aiohttp's): the server ends it at timeout_seconds.
+                _request_timeout=float(r.timeout_seconds + core.WATCH_GRACE_SECONDS),
             )
             return await self.next()
         raise TypeError(f"unknown request {r!r}")
