@@ -301,3 +301,32 @@ def test_session_waits_follow_the_newest_generation():
     err = core.failure("Session", failed, outcome.message)
     assert type(err) is errors.SessionFailed and err.reason == "PodFailed"
     assert core.session_outcome(("Paused",))(fresh) is None
+
+
+def test_the_namespace_is_the_kubeconfig_contexts(tmp_path, monkeypatch):
+    from savepoint.client import sync
+
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
+                    {"name": "b", "context": {"cluster": "c", "user": "u"}},
+                ],
+                "current-context": "a",
+            }
+        )
+    )
+    assert sync.kubeconfig_namespace(str(path), None) == "team-a"
+    assert sync.kubeconfig_namespace(str(path), "b") == "default"
+    assert sync.Client(kubeconfig=str(path)).namespace == "team-a"
+    assert sync.Client("team-z", kubeconfig=str(path), context="b").namespace == "team-z"
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(errors.ConfigurationError) as caught:
+        sync.Client(kubeconfig=str(tmp_path / "missing"))
+    assert str(caught.value).startswith("cannot load a kubeconfig")
