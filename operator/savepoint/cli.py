@@ -1,42 +1,56 @@
 """`kubectl savepoint`: checkpoint, fork, roll back and read sessions from the command line.
 
 Installed as the console script `kubectl-savepoint`, which kubectl finds on PATH as a
-plugin; `python -m savepoint.cli` is the same program. It talks to the cluster of the
-current kubeconfig context (or `--context`) with the `kubernetes` client, and imports
-nothing of the operator beyond the API constants and the event-log client.
+plugin; `python -m savepoint.cli` is the same program. It is a thin layer over the
+Python client (savepoint.client): the client names, creates, waits (by watch) and maps
+failures to their reasons; this module parses arguments, prints progress, tables and
+results, and turns the client's exceptions into exit codes.
 
 Exit codes: 0 done; 1 the operation failed (the reason is printed); 2 bad usage, or an
 idempotency key already used for a different request; 124 gave up waiting (--timeout).
 
-The decisions (names, object bodies, when a wait is over, what a progress line says,
-table layout) are pure functions at the top, tested without a cluster; the commands
-below them only fetch, create and print.
+The formatting (what a result line and a table say) is pure functions at the top,
+tested without a cluster; the commands below them call the client and print.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
+from savepoint.client import core
+from savepoint.client.core import (  # noqa: F401  (re-exported: the plugin's names for the same rules)
+    MAX_GENERATE_PREFIX,
+    Outcome,
+    Tracker,
+    build_checkpoint,
+    build_fork,
+    build_rollback,
+    checkpoint_outcome,
+    fork_outcome,
+    generate_prefix,
+    key_name,
+    progress_line,
+    same_request,
+)
+from savepoint.client.errors import (
+    CheckpointOfAnotherSession,
+    ClientError,
+    IdempotencyKeyConflict,
+    WaitTimeout,
+)
+from savepoint.client.sync import Client
 from savepoint.errors import SavepointError
-from savepoint.models import GROUP, VERSION
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
-
-# Prefix of generated names; the server appends 5 random characters. Kept short so the
-# name stays a valid label value (63 characters), which the operator relies on.
-MAX_GENERATE_PREFIX = 40
 
 
 class CLIError(Exception):
@@ -48,143 +62,6 @@ class CLIError(Exception):
 
 
 # ------------------------------------------------------------------------ pure logic
-
-
-def key_name(prefix: str, key: str) -> str:
-    """The object name an idempotency key stands for: the same key, the same name."""
-    return f"{prefix}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
-
-
-def generate_prefix(base: str, kind: str) -> str:
-    """A generateName prefix such as `s1-ckpt-`, trimmed so the final name stays short."""
-    stem = base[: MAX_GENERATE_PREFIX - len(kind) - 2].rstrip("-.")
-    return f"{stem}-{kind}-"
-
-
-def _metadata(prefix: str, base: str, kind: str, key: str | None) -> dict[str, Any]:
-    if key:
-        return {"name": key_name(prefix, key), "annotations": {"savepoint.dev/idempotency-key": key}}
-    return {"generateName": generate_prefix(base, kind)}
-
-
-def build_checkpoint(
-    session: str, *, label: str | None = None, ttl: str | None = None, key: str | None = None
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {"sessionName": session}
-    if label is not None:
-        spec["label"] = label
-    if ttl is not None:
-        spec["ttl"] = ttl
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Checkpoint",
-        "metadata": _metadata("ckpt", session, "ckpt", key),
-        "spec": spec,
-    }
-
-
-def build_fork(
-    *,
-    target: str,
-    checkpoint: str | None = None,
-    session: str | None = None,
-    at_event: str | None = None,
-    key: str | None = None,
-) -> dict[str, Any]:
-    """A Fork into a new session `target`, from a checkpoint, or from a session's log."""
-    if (checkpoint is None) == (session is None):
-        raise ValueError("a fork needs exactly one of checkpoint or session")
-    source: dict[str, Any] = {"checkpoint": checkpoint} if checkpoint else {"session": session}
-    if at_event is not None:
-        if session is None:
-            raise ValueError("--at-event forks from a session, not a checkpoint")
-        source["atEvent"] = at_event
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Fork",
-        "metadata": _metadata("fork", target, "fork", key),
-        "spec": {"source": source, "mode": "Fork", "target": {"sessionName": target}},
-    }
-
-
-def build_rollback(session: str, checkpoint: str, *, key: str | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Fork",
-        "metadata": _metadata("rollback", session, "rollback", key),
-        "spec": {"source": {"checkpoint": checkpoint}, "mode": "Rollback"},
-    }
-
-
-def same_request(existing: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Whether an object found under an idempotency key's name is the one we would create.
-
-    Only the fields we set are compared: the API server adds defaults to the rest.
-    """
-
-    def covers(have: Any, want: Any) -> bool:
-        if isinstance(want, dict):
-            return isinstance(have, dict) and all(covers(have.get(k), v) for k, v in want.items())
-        return have == want
-
-    return covers(existing.get("spec") or {}, wanted["spec"])
-
-
-@dataclass(frozen=True)
-class Outcome:
-    ok: bool
-    message: str
-
-
-def _reason_text(phase: str, status: dict[str, Any]) -> str:
-    parts = [phase]
-    if status.get("reason"):
-        parts.append(status["reason"])
-    if status.get("message"):
-        parts.append(status["message"])
-    return ": ".join(parts)
-
-
-def checkpoint_outcome(obj: dict[str, Any]) -> Outcome | None:
-    """Ready: success; Rejected, Failed, Expired: a terminal failure; else still going."""
-    status = obj.get("status") or {}
-    phase = status.get("phase")
-    name = obj["metadata"]["name"]
-    if phase == "Ready":
-        through = status.get("throughSequence")
-        where = f" through event {through}" if through is not None else ""
-        expires = f", expires {status['expiresAt']}" if status.get("expiresAt") else ""
-        return Outcome(True, f"checkpoint {name} is Ready{where}{expires}")
-    if phase in ("Rejected", "Failed", "Expired"):
-        return Outcome(False, _reason_text(phase, status))
-    return None
-
-
-def fork_outcome(obj: dict[str, Any]) -> Outcome | None:
-    """Succeeded: success; Failed: a terminal failure; else still going."""
-    status = obj.get("status") or {}
-    phase = status.get("phase")
-    name = obj["metadata"]["name"]
-    rollback = (obj.get("spec") or {}).get("mode") == "Rollback"
-    if phase == "Succeeded":
-        target = status.get("targetSession") or "?"
-        how = f" ({status['restoreMode']})" if status.get("restoreMode") else ""
-        what = f"session {target} rolled back" if rollback else f"session {target} is Ready"
-        return Outcome(True, f"{what}{how}; fork {name} Succeeded")
-    if phase == "Failed":
-        return Outcome(False, _reason_text(phase, status))
-    return None
-
-
-def progress_line(obj: dict[str, Any], elapsed: float) -> str:
-    """One line for the current state of a waited-on object, e.g. `[  2.1s] Pending: ...`."""
-    status = obj.get("status") or {}
-    phase = status.get("phase") or "Waiting for the operator"
-    detail = status.get("message") or ""
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-    if not detail and ready and ready.get("status") != "True":
-        detail = ready.get("message") or ready.get("reason") or ""
-    return f"[{elapsed:6.1f}s] {phase}" + (f": {detail}" if detail else "")
 
 
 def wait(
@@ -199,26 +76,25 @@ def wait(
 ) -> Outcome:
     """Poll `get()` until `outcome()` is decided; print each new progress line once.
 
-    Returns the outcome, or raises CLIError(EXIT_TIMEOUT) when `timeout` passes first.
-    `get()` returning None means the object is gone (deleted under us): a failure.
+    The commands wait by watch, through the client; this is the same state machine
+    (core.Tracker) for a caller that can only poll. Returns the outcome, or raises
+    CLIError(EXIT_TIMEOUT) when `timeout` passes first. `get()` returning None means the
+    object is gone (deleted under us): a failure.
     """
     started = clock()
-    last = ""
+    tracker = Tracker("", "", outcome, started)
     while True:
         obj = get()
-        elapsed = clock() - started
+        now = clock()
         if obj is None:
             return Outcome(False, "the object was deleted while waiting")
-        line = progress_line(obj, elapsed)
-        state = line.split("] ", 1)[1]
-        if state != last:
-            say(line)
-            last = state
-        decided = outcome(obj)
+        progress, decided = tracker.observe(obj, now)
+        if progress is not None:
+            say(progress.line)
         if decided is not None:
             return decided
-        if elapsed >= timeout:
-            raise CLIError(f"timed out after {timeout:g}s; last state: {state}", EXIT_TIMEOUT)
+        if now - started >= timeout:
+            raise CLIError(f"timed out after {timeout:g}s; last state: {tracker.last}", EXIT_TIMEOUT)
         sleep(interval)
 
 
@@ -298,132 +174,49 @@ def tail_start(last_seq: int, count: int) -> int:
     return max(1, last_seq - count + 1)
 
 
-# ------------------------------------------------------------------- the cluster side
-
-
-class Cluster:
-    """The few API calls the plugin makes, on one kubeconfig context and namespace."""
-
-    def __init__(self, context: str | None, namespace: str | None) -> None:
-        from kubernetes import client, config
-
-        try:
-            api = config.new_client_from_config(context=context)
-            contexts, active = config.list_kube_config_contexts()
-            if context:
-                active = next((c for c in contexts if c["name"] == context), active)
-            default_ns = (active.get("context") or {}).get("namespace") or "default"
-        except config.ConfigException as err:
-            if context or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-                raise CLIError(f"cannot load a kubeconfig: {err}") from None
-            config.load_incluster_config()
-            api = client.ApiClient()
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-                default_ns = f.read().strip()
-        self.namespace = namespace or default_ns
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-
-    def create(self, plural: str, body: dict[str, Any]) -> dict[str, Any]:
-        created = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, body)
-        return cast(dict[str, Any], created)
-
-    def get(self, plural: str, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            found = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, plural, name)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return cast(dict[str, Any], found)
-
-    def list(self, plural: str, all_namespaces: bool = False) -> list[dict[str, Any]]:
-        if all_namespaces:
-            found = self.custom.list_cluster_custom_object(GROUP, VERSION, plural)
-        else:
-            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, plural)
-        return cast(list[dict[str, Any]], cast(dict[str, Any], found)["items"])
-
-    def event_log(self, session: str) -> Any:
-        from savepoint.eventlog import EventLog
-
-        return EventLog(self.core, self.namespace, session)
-
-
-def api_message(err: Any) -> str:
-    """The API server's own message from an ApiException (admission denials included)."""
-    try:
-        body = json.loads(err.body)
-        return body.get("message") or str(err.reason)
-    except (TypeError, ValueError):
-        return f"{err.status} {err.reason}"
-
-
-def create_once(cluster: Cluster, plural: str, body: dict[str, Any], out: TextIO) -> dict[str, Any]:
-    """Create the object; under an idempotency key, an existing one for the same request is reused."""
-    from kubernetes.client.exceptions import ApiException
-
-    kind = body["kind"].lower()
-    try:
-        created = cluster.create(plural, body)
-    except ApiException as err:
-        name = body["metadata"].get("name")
-        if err.status != 409 or not name:
-            raise CLIError(f"creating the {kind}: {api_message(err)}") from None
-        existing = cluster.get(plural, name)
-        if existing is None:  # deleted between our create and get: try once more
-            return create_once(cluster, plural, body, out)
-        if not same_request(existing, body):
-            key = body["metadata"]["annotations"]["savepoint.dev/idempotency-key"]
-            raise CLIError(
-                f"idempotency key {key!r} already names {kind} {name} with a different spec; "
-                "use a new key for a new request",
-                EXIT_USAGE,
-            ) from None
-        print(f"{kind} {name} already exists (same idempotency key): not created again", file=out)
-        return existing
-    print(f"{kind} {created['metadata']['name']} created in namespace {cluster.namespace}", file=out)
-    return created
-
-
-def finish(
-    cluster: Cluster,
-    plural: str,
-    obj: dict[str, Any],
-    args: argparse.Namespace,
-    outcome: Callable[[dict[str, Any]], Outcome | None],
-    out: TextIO,
-) -> int:
-    if not args.wait:
-        return EXIT_OK
-    name = obj["metadata"]["name"]
-    result = wait(
-        lambda: cluster.get(plural, name),
-        outcome,
-        timeout=args.timeout,
-        say=lambda line: print(line, file=out, flush=True),
-    )
-    if result.ok:
-        print(result.message, file=out)
-        return EXIT_OK
-    raise CLIError(result.message)
-
-
 # ----------------------------------------------------------------------- commands
 
 
-def cmd_checkpoint_create(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    body = build_checkpoint(args.session, label=args.label, ttl=args.ttl, key=args.idempotency_key)
-    obj = create_once(cluster, "checkpoints", body, out)
-    return finish(cluster, "checkpoints", obj, args, checkpoint_outcome, out)
+def reporter(out: TextIO) -> Callable[[core.Progress], None]:
+    """Print each step the client reports: the object made (or found), then each new state."""
+
+    def report(progress: core.Progress) -> None:
+        kind = progress.kind.lower()
+        if progress.step == "created":
+            print(f"{kind} {progress.name} created in namespace {progress.namespace}", file=out)
+        elif progress.step == "reused":
+            print(f"{kind} {progress.name} already exists (same idempotency key): not created again", file=out)
+        else:
+            print(progress.line, file=out, flush=True)
+
+    return report
 
 
-def cmd_checkpoint_list(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    items = cluster.list("checkpoints", args.all_namespaces)
+def _done(decide: Callable[[dict[str, Any]], Outcome | None], obj: Any, args: argparse.Namespace, out: TextIO) -> int:
+    if args.wait:
+        outcome = decide(obj.wire())
+        assert outcome is not None and outcome.ok  # the client returns only what succeeded
+        print(outcome.message, file=out)
+    return EXIT_OK
+
+
+def cmd_checkpoint_create(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    checkpoint = client.checkpoints.create(
+        args.session,
+        label=args.label,
+        ttl=args.ttl,
+        idempotency_key=args.idempotency_key,
+        wait=args.wait,
+        timeout=args.timeout,
+        on_progress=reporter(out),
+    )
+    return _done(checkpoint_outcome, checkpoint, args, out)
+
+
+def cmd_checkpoint_list(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    items = [c.wire() for c in client.checkpoints.list(all_namespaces=args.all_namespaces)]
     rows = checkpoint_rows(items, args.session, datetime.now(UTC), with_namespace=args.all_namespaces)
-    where = "any namespace" if args.all_namespaces else f"namespace {cluster.namespace}"
+    where = "any namespace" if args.all_namespaces else f"namespace {client.namespace}"
     if not rows:
         whose = f" for session {args.session}" if args.session else ""
         print(f"No checkpoints{whose} in {where}.", file=sys.stderr)
@@ -433,61 +226,44 @@ def cmd_checkpoint_list(cluster: Cluster, args: argparse.Namespace, out: TextIO)
     return EXIT_OK
 
 
-def cmd_fork(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    if args.at_event is not None or args.latest:
-        body = build_fork(target=args.name, session=args.source, at_event=args.at_event, key=args.idempotency_key)
-    else:
-        body = build_fork(target=args.name, checkpoint=args.source, key=args.idempotency_key)
-    obj = create_once(cluster, "forks", body, out)
-    return finish(cluster, "forks", obj, args, fork_outcome, out)
+def cmd_fork(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    from_log = args.at_event is not None or args.latest
+    fork = client.forks.create(
+        args.name,
+        checkpoint=None if from_log else args.source,
+        session=args.source if from_log else None,
+        at_event=args.at_event,
+        idempotency_key=args.idempotency_key,
+        wait=args.wait,
+        timeout=args.timeout,
+        on_progress=reporter(out),
+    )
+    return _done(fork_outcome, fork, args, out)
 
 
-def cmd_rollback(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    checkpoint = cluster.get("checkpoints", args.to)
-    if checkpoint is None:
-        raise CLIError(f"CheckpointNotFound: checkpoint {args.to} not found in namespace {cluster.namespace}")
-    owner = (checkpoint.get("spec") or {}).get("sessionName")
-    if owner != args.session:
-        raise CLIError(
-            f"checkpoint {args.to} belongs to session {owner}, not {args.session}: a rollback restores a "
-            f"session's own checkpoint (use `fork {args.to} --name NEW` to start a new session from it)",
-            EXIT_USAGE,
-        )
-    body = build_rollback(args.session, args.to, key=args.idempotency_key)
-    obj = create_once(cluster, "forks", body, out)
-    return finish(cluster, "forks", obj, args, fork_outcome, out)
+def cmd_rollback(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    fork = client.sessions.rollback(
+        args.session,
+        to=args.to,
+        idempotency_key=args.idempotency_key,
+        wait=args.wait,
+        timeout=args.timeout,
+        on_progress=reporter(out),
+    )
+    return _done(fork_outcome, fork, args, out)
 
 
-def _require_log(cluster: Cluster, session: str) -> Any:
-    log = cluster.event_log(session)
-    if not log.chunk_names() and cluster.get("sessions", session) is None:
-        raise CLIError(f"SessionNotFound: session {session} not found in namespace {cluster.namespace}")
-    return log
-
-
-def cmd_log_tail(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    log = _require_log(cluster, args.session)
-    last = log.cursor().seq
-    if last and args.lines > 0:
-        for event in log.read(tail_start(last, args.lines), last, partial=True):
-            print(format_event(event, args.output), file=out, flush=True)
-    if not args.follow:
-        return EXIT_OK
+def cmd_log_tail(client: Client, args: argparse.Namespace, out: TextIO) -> int:
     try:
-        while True:
-            time.sleep(args.interval)
-            now = log.cursor().seq
-            if now > last:
-                for event in log.read(last + 1, now, partial=True):
-                    print(format_event(event, args.output), file=out, flush=True)
-                last = now
+        for event in client.log(args.session).tail(args.lines, follow=args.follow, interval=args.interval):
+            print(format_event(event, args.output), file=out, flush=True)
     except KeyboardInterrupt:
-        return EXIT_OK
+        pass
+    return EXIT_OK
 
 
-def cmd_erase(cluster: Cluster, args: argparse.Namespace, out: TextIO) -> int:
-    log = _require_log(cluster, args.session)
-    erased = log.erase(args.subject)
+def cmd_erase(client: Client, args: argparse.Namespace, out: TextIO) -> int:
+    erased = client.log(args.session).erase(args.subject)
     noun = "event" if erased == 1 else "events"
     print(f"erased {erased} {noun} with subject {args.subject!r} from the log of session {args.session}", file=out)
     return EXIT_OK
@@ -585,24 +361,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Refusals of the request itself: the command line asked for something that cannot be.
+USAGE_ERRORS = (IdempotencyKeyConflict, CheckpointOfAnotherSession)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     out = sys.stdout
     try:
-        cluster = Cluster(getattr(args, "context", None), getattr(args, "namespace", None))
-        return args.run(cluster, args, out)
+        client = Client(getattr(args, "namespace", None), context=getattr(args, "context", None))
+        return args.run(client, args, out)
     except CLIError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.code
-    except Exception as err:  # the API's and the network's errors, said briefly
+    except ClientError as err:
+        print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, WaitTimeout):
+            return EXIT_TIMEOUT
+        return EXIT_USAGE if isinstance(err, USAGE_ERRORS) else EXIT_FAILED
+    except Exception as err:  # the event log's, the API's and the network's errors, said briefly
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         if isinstance(err, ApiException):
-            hint = ""
-            if err.status == 404 and "the server could not find the requested resource" in api_message(err):
-                hint = " (are the savepoint.dev CRDs installed?)"
-            print(f"error: {api_message(err)}{hint}", file=sys.stderr)
+            print(f"error: {core.api_error(err.status or 0, err.body, err.reason).message}", file=sys.stderr)
             return EXIT_FAILED
         if isinstance(err, HTTPError | OSError):
             print(f"error: cannot reach the API server: {err}", file=sys.stderr)
