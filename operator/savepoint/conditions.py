@@ -31,6 +31,7 @@ class Reason(StrEnum):
     LOG_MALFORMED = "LogMalformed"
     LOG_UNAVAILABLE = "LogUnavailable"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+    POD_TEMPLATE_FORBIDDEN = "PodTemplateForbidden"
 
 
 def now_rfc3339() -> str:

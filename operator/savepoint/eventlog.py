@@ -91,6 +91,8 @@ MAX_EVENT_DEPTH = 100
 # lands, on_conflict is called for each lost optimistic-concurrency race. Must not raise.
 on_append: Callable[[Event], None] | None = None
 on_conflict: Callable[[], None] | None = None
+# Called by apply_retention for each chunk it deletes, with its name and its data's bytes.
+on_retention: Callable[[str, int], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -509,6 +511,7 @@ class EventLog:
         # The chunk whose values _check_tail last found valid, and those values by key.
         self._checked_chunk: str | None = None
         self._checked: dict[str, str] = {}
+        self.retained_from: int | None = None  # set by apply_retention
 
     def __repr__(self) -> str:
         return f"EventLog(namespace={self.namespace!r}, session={self.session!r})"
@@ -634,24 +637,31 @@ class EventLog:
         """Delete the oldest chunks whose newest event is older than `older_than`.
 
         Only a prefix of sealed chunks is deleted (the log never gets a hole in the
-        middle) and never the newest chunk. Returns the names of the deleted chunks.
+        middle) and never the newest chunk, which is the one being written. Returns the
+        names of the deleted chunks; afterwards `retained_from` is the first sequence
+        number still stored (1 when nothing was ever deleted, None for a log with no chunk).
         """
         now = now or datetime.now(UTC)
         if now.tzinfo is None:
             now = now.replace(tzinfo=UTC)
         cutoff = now - older_than
         deleted: list[str] = []
-        for meta in self._list_meta()[:-1]:
+        metas = self._list_meta()
+        kept = 0  # index in metas of the oldest chunk that stays
+        for meta in metas[:-1]:
             chunk = self._get(meta.index)
-            if chunk is None:
-                continue
-            if not chunk.sealed:
-                break
-            newest = chunk.event(chunk.last_seq)
-            if newest is not None and parse_time(newest.time) >= cutoff:
-                break
-            self._delete_chunk(chunk.name)
-            deleted.append(chunk.name)
+            if chunk is not None:
+                if not chunk.sealed:
+                    break
+                newest = chunk.event(chunk.last_seq)
+                if newest is not None and parse_time(newest.time) >= cutoff:
+                    break
+                self._delete_chunk(chunk.name)
+                deleted.append(chunk.name)
+                if on_retention is not None:
+                    on_retention(chunk.name, chunk.used)
+            kept += 1
+        self.retained_from = metas[kept].first_seq if metas else None
         return deleted
 
     def erase(self, subject: str) -> int:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from savepoint.models import CheckpointPhase, ForkMode, ForkSpec, RestoreMode
+from savepoint.models import SANDBOX_ACCOUNT_PREFIX, CheckpointPhase, ForkMode, ForkSpec, RestoreMode
 
 FORK_ANNOTATION = "savepoint.dev/fork"  # on a target Session: the uid of the Fork that made it
 RESTORING_ANNOTATION = "savepoint.dev/restoring"  # on a Session being rolled back: the Fork's name
@@ -111,6 +111,13 @@ def build_target_session(
     spec = ForkSpec.model_validate(fork["spec"])
     base = copy.deepcopy(source_session.get("spec") or {})
     base.pop("source", None)
+    pod_spec = (base.get("podTemplate") or {}).get("spec")
+    if isinstance(pod_spec, dict):
+        # The source's own sandbox account is not the target's: the target gets its own.
+        own = f"{SANDBOX_ACCOUNT_PREFIX}{source_session['metadata']['name']}"
+        for key in ("serviceAccountName", "serviceAccount"):
+            if pod_spec.get(key) == own:
+                del pod_spec[key]
     base["operatingMode"] = "Running"
     overrides = dict(spec.target.overrides) if spec.target else {}
     overrides.pop("source", None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from savepoint.conditions import ConditionType, Reason, set_condition
-from savepoint.models import API_VERSION, OperatingMode, SessionPhase, SessionSpec
+from savepoint.models import API_VERSION, SANDBOX_ACCOUNT_PREFIX, OperatingMode, SessionPhase, SessionSpec
 
 SESSION_LABEL = "savepoint.dev/session"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "savepoint"}
@@ -33,8 +33,8 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
 
 
 # The chart's ValidatingAdmissionPolicy (templates/sandbox-policy.yaml) recognises a
-# sandbox by this prefix of its ServiceAccount's name; keep the two in step.
-SANDBOX_ACCOUNT_PREFIX = "savepoint-sandbox-"
+# sandbox by SANDBOX_ACCOUNT_PREFIX, the prefix of its ServiceAccount's name (and the
+# Session CRD's CEL rule refuses any other account); keep them in step.
 
 
 def sandbox_account(session: str) -> str:

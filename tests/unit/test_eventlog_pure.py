@@ -411,3 +411,30 @@ def test_small_events_roll_over_early_and_a_big_one_gets_a_chunk_of_its_own():
     assert holding[big_chunk] == [f"{big.seq:012d}"] and 6000 < used[big_chunk] <= 8192
     assert all(size <= 2048 for name, size in used.items() if name != big_chunk)
     assert len(core.objects) >= 4
+
+
+def test_retention_deletes_a_sealed_prefix_counts_it_and_never_the_chunk_being_written(monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from savepoint import eventlog
+
+    core = FakeCore()
+    elog = EventLog(core, "ns", "s", max_chunk_bytes=1024)
+    for i in range(12):
+        elog.append("note", {"i": i, "pad": "p" * 300})
+    names = sorted(core.objects)
+    assert len(names) >= 4
+    sizes = {n: sum(len(k) + len(v.encode()) for k, v in core.objects[n]["data"].items()) for n in names}
+    seen: list[tuple[str, int]] = []
+    monkeypatch.setattr(eventlog, "on_retention", lambda name, size: seen.append((name, size)))
+    assert elog.apply_retention(timedelta(hours=1)) == [] and elog.retained_from == 1
+    later = datetime.now(UTC) + timedelta(hours=2)  # every event is older than the window now
+    deleted = elog.apply_retention(timedelta(hours=1), now=later)
+    assert deleted == names[:-1] and sorted(core.objects) == names[-1:]
+    assert seen == [(n, sizes[n]) for n in names[:-1]]
+    newest = core.objects[names[-1]]
+    assert elog.retained_from == int(newest["metadata"]["annotations"]["savepoint.dev/first-seq"])
+    with pytest.raises(HistoryUnavailable) as err:
+        elog.read()
+    assert (err.value.from_seq, err.value.to_seq, err.value.reason) == (1, elog.retained_from - 1, "retention")
+    assert elog.append("note", {"i": 12}).seq == 13  # appending goes on

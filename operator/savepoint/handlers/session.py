@@ -52,7 +52,7 @@ def session_resync_loop(**_: object) -> None:
     def resync(key: tuple[str, str]) -> None:
         try:
             with count_errors("session"):
-                reconcile.reconcile_session(*key)
+                reconcile.reconcile_session(*key, retention=True)
         except Exception:  # counted; the next watch event tries again, or this soon
             reconcile.log.exception("resyncing session %s/%s", *key)
             resyncs.hurry(RESYNC_RETRY_SECONDS, keys=[key])
