@@ -291,7 +291,8 @@ WEBHOOK_LABEL = "savepoint.dev/webhook-test"
 
 @pytest.fixture(scope="session")
 def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterator[str]:
-    """Route Checkpoint creates in namespaces labelled WEBHOOK_LABEL=true to the operator's webhook."""
+    """Route Checkpoint creates and Session writes in namespaces labelled WEBHOOK_LABEL=true
+    to the operator's webhook."""
     import base64
 
     info = operator_process.webhook  # type: ignore[attr-defined]
@@ -321,7 +322,27 @@ def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterato
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 10,
-            }
+            },
+            {
+                "name": "sessions.savepoint.dev",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{info['port']}/validate-sessions",
+                    "caBundle": base64.b64encode(info["cert"].read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["savepoint.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["sessions"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            },
         ],
     }
     try:

@@ -227,6 +227,11 @@ def test_webhook_objects_only_when_enabled(helm, default):
     ]
     assert hook["namespaceSelector"] == {"matchLabels": {"savepoint.dev/webhook": "on"}}
     assert hook["sideEffects"] == "None"
+    sessions = config["webhooks"][1]
+    assert sessions["clientConfig"]["service"]["path"] == "/validate-sessions"  # kopf serves a handler at its id
+    assert sessions["rules"][0]["resources"] == ["sessions"]
+    assert sessions["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert sessions["namespaceSelector"] == hook["namespaceSelector"]
     assert env(objects)["SAVEPOINT_WEBHOOK"] == "true"
     assert any(p["name"] == "webhook" for p in container(objects)["ports"])
     # TLS from cert-manager by default: the Certificate's Secret is mounted, its CA injected.

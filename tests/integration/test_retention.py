@@ -23,7 +23,9 @@ def _metric(operator, name: str) -> float:
 
 
 def test_retention_deletes_old_chunks_on_the_resync_and_forks_that_need_them_fail(operator, core, crds, namespace):
-    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/log-retention": f"{WINDOW_SECONDS}s"}}})
+    core.patch_namespace(
+        namespace, {"metadata": {"annotations": {"savepoint.dev/log-retention": f"{WINDOW_SECONDS}s"}}}
+    )
     make_session(crds, namespace, "s1")
     wait_phase(crds, namespace, "s1", "Ready", timeout=90)
     log = EventLog(core, namespace, "s1", max_chunk_bytes=1024)

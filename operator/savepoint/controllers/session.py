@@ -210,7 +210,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
     if not old_status.get("podName"):
         # Before anything is made for a Pod (a Pod made before this check stays).
-        forbidden = pod_security_refusal(body, spec)
+        forbidden = pod_security_refusal(namespace, name, spec.pod_template)
         if forbidden:
             _write_failed(body, spec, claim, elog, Reason.POD_TEMPLATE_FORBIDDEN, forbidden)
             return
@@ -251,7 +251,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if spec.operating_mode == OperatingMode.PAUSED or hold is not None:
         if pod is not None and not pod["metadata"].get("deletionTimestamp"):
             k8s.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
-    elif pod is None and (forbidden := pod_security_refusal(body, spec)):
+    elif pod is None and (forbidden := pod_security_refusal(namespace, name, spec.pod_template)):
         template_error = (Reason.POD_TEMPLATE_FORBIDDEN, forbidden)
     elif pod is None:
         try:
@@ -330,11 +330,10 @@ def log_retention(namespace: str) -> timedelta | None:
         return None
 
 
-def pod_security_refusal(body: dict[str, Any], spec: SessionSpec) -> str | None:
+def pod_security_refusal(namespace: str, name: str, template: dict[str, Any]) -> str | None:
     """Why no Pod may be made from this Session's template (podsecurity), or None."""
-    meta = body["metadata"]
-    level = podsecurity.level_for(namespace_meta(meta["namespace"]).get("labels"))
-    return podsecurity.refusal(spec.pod_template, level, sandbox_account(meta["name"]))
+    level = podsecurity.level_for(namespace_meta(namespace).get("labels"))
+    return podsecurity.refusal(template, level, sandbox_account(name))
 
 
 def enforce_retention(body: dict[str, Any]) -> list[str]:
