@@ -313,7 +313,8 @@ def namespace_meta(namespace: str) -> dict[str, Any]:
     cached = _namespaces.get(namespace)
     if cached is not None and time.monotonic() - cached[0] < NAMESPACE_CACHE_SECONDS:
         return cached[1]
-    meta = k8s.get_namespace(namespace).get("metadata") or {}
+    full = k8s.get_namespace(namespace).get("metadata") or {}
+    meta = {"labels": full.get("labels") or {}, "annotations": full.get("annotations") or {}}
     _namespaces[namespace] = (time.monotonic(), meta)
     return meta
 
