@@ -148,3 +148,18 @@ def test_a_foreign_service_account_is_refused_at_every_level():
 )
 def test_the_namespace_level(labels, level):
     assert level_for(labels) == level
+
+
+def test_a_fork_does_not_carry_the_source_sandbox_account_over():
+    from savepoint.fork import Plan, build_target_session
+    from savepoint.models import ForkMode, RestoreMode
+
+    source = {"metadata": {"name": "s1"}, "spec": {"podTemplate": template(serviceAccountName=OWN)}}
+    fork = {
+        "metadata": {"name": "f", "namespace": "ns", "uid": "u"},
+        "spec": {"source": {"checkpoint": "c1"}, "target": {"sessionName": "s2"}},
+    }
+    plan = Plan(ForkMode.FORK, RestoreMode.SNAPSHOT, "s1", "c1", "sp-c1", 3, "x")
+    target = build_target_session(fork, source, plan, None)
+    assert "serviceAccountName" not in target["spec"]["podTemplate"]["spec"]
+    assert source["spec"]["podTemplate"]["spec"]["serviceAccountName"] == OWN  # the source is left alone
