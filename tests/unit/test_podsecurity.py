@@ -163,3 +163,15 @@ def test_a_fork_does_not_carry_the_source_sandbox_account_over():
     target = build_target_session(fork, source, plan, None)
     assert "serviceAccountName" not in target["spec"]["podTemplate"]["spec"]
     assert source["spec"]["podTemplate"]["spec"]["serviceAccountName"] == OWN  # the source is left alone
+
+
+def test_runtime_class_passes_through_to_the_pod():
+    from savepoint.models import SessionSpec
+    from savepoint.session import build_pod
+
+    body = {"metadata": {"name": "s1", "namespace": "ns", "uid": "u"}}
+    spec = SessionSpec.model_validate({"podTemplate": template(runtimeClassName="gvisor")})
+    assert check(spec.pod_template, "restricted") == check(CLEAN, "restricted")  # no rule is about it
+    pod = build_pod(body, spec, "s1-workspace", 0)["spec"]
+    assert pod["runtimeClassName"] == "gvisor"
+    assert (pod["serviceAccountName"], pod["automountServiceAccountToken"]) == (OWN, True)
