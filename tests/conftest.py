@@ -24,10 +24,45 @@ TEST_RUN_DIR = REPO / ".run" / "test-cluster"
 TEST_CONTEXT = re.compile(os.environ.get("SAVEPOINT_TEST_CONTEXT_PATTERN", r"^(savepoint-local|kind-.*|.*test.*)$"))
 
 
+# Fixtures that need more than Python: a cluster (everything cluster-bound asks for
+# kubeconfig) or a binary built from Go. `make unit` runs on a machine with only Python.
+NOT_FOR_UNIT_TESTS = {"kubeconfig", "helm_binary"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        outside = NOT_FOR_UNIT_TESTS & set(getattr(item, "fixturenames", ()))
+        if "unit" in item.path.parts and outside:
+            raise pytest.UsageError(f"{item.nodeid} is in tests/unit but needs {sorted(outside)}: move it out")
         if "integration" in item.path.parts or "e2e" in item.path.parts:
             item.add_marker(pytest.mark.cluster)
+        if "chart" in item.path.parts or ("integration" in item.path.parts and item.path.name == "test_install.py"):
+            item.add_marker(pytest.mark.tools)
+
+
+def _helm_version() -> str:
+    text = (REPO / "hack" / "versions.env").read_text()
+    return re.search(r"^HELM_VERSION=(\S+)$", text, flags=re.M)[1]
+
+
+def helm_path() -> Path:
+    """Where hack/build-binaries puts the pinned helm (outside the clone, shared by clones)."""
+    cache = os.environ.get("SAVEPOINT_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "savepoint"
+    )
+    return Path(cache) / "bin" / f"helm-{_helm_version()}" / "helm"
+
+
+@pytest.fixture(scope="session")
+def helm_binary() -> Path:
+    """The pinned helm, built by `hack/build-binaries helm` when this machine has none yet
+    (a no-op once it is cached; a cold build needs Go and takes minutes)."""
+    path = helm_path()
+    if not os.access(path, os.X_OK):
+        done = subprocess.run([str(REPO / "hack" / "build-binaries"), "helm"], capture_output=True, text=True)
+        if done.returncode != 0 or not os.access(path, os.X_OK):
+            pytest.fail(f"`hack/build-binaries helm` could not build {path}:\n{done.stderr[-4000:]}", pytrace=False)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -256,7 +291,8 @@ WEBHOOK_LABEL = "savepoint.dev/webhook-test"
 
 @pytest.fixture(scope="session")
 def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterator[str]:
-    """Route Checkpoint creates in namespaces labelled WEBHOOK_LABEL=true to the operator's webhook."""
+    """Route Checkpoint creates and Session writes in namespaces labelled WEBHOOK_LABEL=true
+    to the operator's webhook."""
     import base64
 
     info = operator_process.webhook  # type: ignore[attr-defined]
@@ -286,7 +322,27 @@ def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterato
                 "sideEffects": "None",
                 "admissionReviewVersions": ["v1"],
                 "timeoutSeconds": 10,
-            }
+            },
+            {
+                "name": "sessions.savepoint.dev",
+                "clientConfig": {
+                    "url": f"https://127.0.0.1:{info['port']}/validate-sessions",
+                    "caBundle": base64.b64encode(info["cert"].read_bytes()).decode(),
+                },
+                "rules": [
+                    {
+                        "apiGroups": ["savepoint.dev"],
+                        "apiVersions": ["v1alpha1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["sessions"],
+                    }
+                ],
+                "namespaceSelector": {"matchLabels": {WEBHOOK_LABEL: "true"}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 10,
+            },
         ],
     }
     try:

@@ -94,6 +94,7 @@ class Reason(StrEnum):
     LOG_MALFORMED = "LogMalformed"
     LOG_UNAVAILABLE = "LogUnavailable"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
+    POD_TEMPLATE_FORBIDDEN = "PodTemplateForbidden"
     # Checkpoint
     SNAPSHOTTING = "Snapshotting"
     SNAPSHOT_READY = "SnapshotReady"

@@ -96,6 +96,7 @@ KINDS = (
                 "(room for the names derived from it)",
                 reason="FieldValueInvalid",
             ),
+            *models.SESSION_RULES,
         ),
     ),
     Kind(

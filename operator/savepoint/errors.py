@@ -60,6 +60,18 @@ class EventTooLarge(EventLogError):
         )
 
 
+class EventTooDeep(EventLogError):
+    """An event whose data nests deeper than the log accepts (savepoint.eventlog.MAX_EVENT_DEPTH)."""
+
+    def __init__(self, event_type: str, limit: int) -> None:
+        self.event_type = event_type
+        self.limit = limit
+        super().__init__(
+            f"event of type {event_type!r}: data nests deeper than {limit} levels of objects and "
+            f"arrays (MAX_EVENT_DEPTH); flatten it, or store it elsewhere and put a reference in the event"
+        )
+
+
 class MalformedChunk(EventLogError):
     """A log chunk (ConfigMap) holds something this library did not write."""
 

@@ -42,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from savepoint.constants import API_VERSION, MANAGED_BY, MANAGED_BY_LABEL, SESSION_LABEL
 from savepoint.errors import (
     EventLogError,
+    EventTooDeep,
     EventTooLarge,
     HistoryUnavailable,
     MalformedChunk,
@@ -79,12 +80,17 @@ DEFAULT_MAX_CHUNK_BYTES = 900 * 1024
 # the whole chunk, so appends to a near-full 900 KiB chunk are several times slower
 # than to a small one, while small chunks only add objects to a full read.
 DEFAULT_ROLLOVER_BYTES = 64 * 1024
+# How deep an event's data may nest (objects and arrays): Python's JSON encoder and decoder
+# recurse, and far below their limit of about 1,000 so a reader in a deeper stack still copes.
+MAX_EVENT_DEPTH = 100
 
 # Optional observers, which the operator sets to count into its metrics
 # (metrics.observe_eventlog); a harness leaves them None. on_append gets each event as it
 # lands, on_conflict is called for each lost optimistic-concurrency race. Must not raise.
 on_append: Callable[[Event], None] | None = None
 on_conflict: Callable[[], None] | None = None
+# Called by apply_retention for each chunk it deletes, with its name and its data's bytes.
+on_retention: Callable[[str, int], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -335,6 +341,8 @@ def _parse_event(chunk: str, key: str, text: str) -> Event:
         event = _event_from_obj(obj)
     except ValueError as err:
         raise MalformedChunk(chunk, key, f"value is not a valid event: {err}") from None
+    except RecursionError:
+        raise MalformedChunk(chunk, key, "value nests too deeply to parse") from None
     if event.seq != int(key):
         raise MalformedChunk(chunk, key, f"value holds seq {event.seq}, not {int(key)}")
     return event
@@ -388,6 +396,26 @@ class _Draft:
         if self.fixed is not None:
             return self.fixed
         return Event(seq, _new_event_id(seq, self.nonce), self.type, self.time, self.data, self.subject)
+
+
+def _depth_exceeds(data: Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than `limit` deep in `data` (itself level 1).
+
+    Iterative, so it cannot itself run out of stack; a cycle counts as too deep.
+    """
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Iterable[Any] = value.values()
+        elif isinstance(value, list | tuple):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list | tuple))
+    return False
 
 
 class _Conflict(Exception):
@@ -478,6 +506,10 @@ class EventLog:
         self._tail: _Chunk | None = None  # the newest chunk as of our last write to it
         self._hint: int | None = None  # index of the newest chunk we know of
         self.listed: list[str] = []  # the chunk names the last read() found, oldest first
+        # The chunk whose values _check_tail last found valid, and those values by key.
+        self._checked_chunk: str | None = None
+        self._checked: dict[str, str] = {}
+        self.retained_from: int | None = None  # set by apply_retention
 
     def __repr__(self) -> str:
         return f"EventLog(namespace={self.namespace!r}, session={self.session!r})"
@@ -603,24 +635,31 @@ class EventLog:
         """Delete the oldest chunks whose newest event is older than `older_than`.
 
         Only a prefix of sealed chunks is deleted (the log never gets a hole in the
-        middle) and never the newest chunk. Returns the names of the deleted chunks.
+        middle) and never the newest chunk, which is the one being written. Returns the
+        names of the deleted chunks; afterwards `retained_from` is the first sequence
+        number still stored (1 when nothing was ever deleted, None for a log with no chunk).
         """
         now = now or datetime.now(UTC)
         if now.tzinfo is None:
             now = now.replace(tzinfo=UTC)
         cutoff = now - older_than
         deleted: list[str] = []
-        for meta in self._list_meta()[:-1]:
+        metas = self._list_meta()
+        kept = 0  # index in metas of the oldest chunk that stays
+        for meta in metas[:-1]:
             chunk = self._get(meta.index)
-            if chunk is None:
-                continue
-            if not chunk.sealed:
-                break
-            newest = chunk.event(chunk.last_seq)
-            if newest is not None and parse_time(newest.time) >= cutoff:
-                break
-            self._delete_chunk(chunk.name)
-            deleted.append(chunk.name)
+            if chunk is not None:
+                if not chunk.sealed:
+                    break
+                newest = chunk.event(chunk.last_seq)
+                if newest is not None and parse_time(newest.time) >= cutoff:
+                    break
+                self._delete_chunk(chunk.name)
+                deleted.append(chunk.name)
+                if on_retention is not None:
+                    on_retention(chunk.name, chunk.used)
+            kept += 1
+        self.retained_from = metas[kept].first_seq if metas else None
         return deleted
 
     def erase(self, subject: str) -> int:
@@ -722,6 +761,8 @@ class EventLog:
             raise ValueError(f"{TOMBSTONE_KEY} is reserved for erased events")
         if subject is not None and not isinstance(subject, str):
             raise ValueError("subject is a string or None")
+        if _depth_exceeds(data, MAX_EVENT_DEPTH):
+            raise EventTooDeep(type, MAX_EVENT_DEPTH)
         draft = _Draft(type, data, subject, format_time(datetime.now(UTC)), secrets.token_hex(6))
         widest = self._size(draft.at(MAX_SEQ))
         if widest > self.max_chunk_bytes:
@@ -768,6 +809,8 @@ class EventLog:
                 index = 0
                 try:
                     tail = self._tail if self._tail is not None else self._load_tail()
+                    if tail is not None:
+                        self._check_tail(tail)
                     landed = self._find_landed(unsure, tail)
                     if landed is not None:
                         batch = landed
@@ -827,6 +870,23 @@ class EventLog:
             if found is not None and found.id == batch[0].id:
                 return batch
         return None
+
+    def _check_tail(self, tail: _Chunk) -> None:
+        """Raise MalformedChunk unless every value in the chunk about to be written to (or
+        after) parses as an event: a writer never builds on damage it cannot read, which
+        writing around would hide. Values already checked are only compared, so an append
+        parses just what other writers (or a hand edit) added since this writer's last look.
+        """
+        known = self._checked if self._checked_chunk == tail.name else {}
+        try:
+            for key, text in tail.data.items():
+                if known.get(key) != text:
+                    _parse_event(tail.name, key, text)
+        except MalformedChunk:
+            self._tail = None  # read it afresh next time: it may have been repaired
+            self._checked_chunk, self._checked = None, {}
+            raise
+        self._checked_chunk, self._checked = tail.name, tail.data
 
     def _seal(self, tail: _Chunk) -> None:
         # A conditional write: an append racing us against the same resourceVersion

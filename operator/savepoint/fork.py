@@ -12,7 +12,7 @@ from savepoint.constants import API_VERSION, FORK_ANNOTATION, PARENT_SESSION_LAB
 
 # Re-exported: the Session and Fork controllers read it here.
 from savepoint.constants import RESTORING_ANNOTATION as RESTORING_ANNOTATION
-from savepoint.models import CheckpointPhase, ForkMode, ForkSpec, RestoreMode
+from savepoint.models import SANDBOX_ACCOUNT_PREFIX, CheckpointPhase, ForkMode, ForkSpec, RestoreMode
 
 
 class ForkReason(StrEnum):
@@ -112,6 +112,13 @@ def build_target_session(
     spec = ForkSpec.model_validate(fork["spec"])
     base = copy.deepcopy(source_session.get("spec") or {})
     base.pop("source", None)
+    pod_spec = (base.get("podTemplate") or {}).get("spec")
+    if isinstance(pod_spec, dict):
+        # The source's own sandbox account is not the target's: the target gets its own.
+        own = f"{SANDBOX_ACCOUNT_PREFIX}{source_session['metadata']['name']}"
+        for key in ("serviceAccountName", "serviceAccount"):
+            if pod_spec.get(key) == own:
+                del pod_spec[key]
     base["operatingMode"] = "Running"
     overrides = dict(spec.target.overrides) if spec.target else {}
     overrides.pop("source", None)

@@ -30,6 +30,14 @@ fork_transitions = Counter("savepoint_fork_transitions_total", "Forks reaching a
 expiries = Counter("savepoint_checkpoint_expiries_total", "Checkpoints expired by the TTL controller")
 log_appends = Counter("savepoint_eventlog_appends_total", "Events the operator appended to session logs", ["type"])
 log_conflicts = Counter("savepoint_eventlog_conflicts_total", "Lost optimistic-concurrency races on log chunks")
+retention_chunks = Counter(
+    "savepoint_eventlog_retention_chunks_deleted_total",
+    "Log chunks deleted by log retention (savepoint.dev/log-retention)",
+)
+retention_bytes = Counter(
+    "savepoint_eventlog_retention_bytes_freed_total",
+    "Bytes of event data (keys and values) in the chunks retention deleted",
+)
 api_requests = Counter(
     "savepoint_api_requests_total", "Requests the operator's Kubernetes client sent", ["verb", "code"]
 )
@@ -46,11 +54,16 @@ admissions_waiting = Gauge(
 
 
 def observe_eventlog() -> None:
-    """Count the event log's appends and lost races (savepoint.eventlog knows no metrics)."""
+    """Count the event log's appends, lost races and retention (savepoint.eventlog knows no metrics)."""
     from savepoint import eventlog
+
+    def deleted(_name: str, size: int) -> None:
+        retention_chunks.inc()
+        retention_bytes.inc(size)
 
     eventlog.on_append = lambda event: log_appends.labels(event.type).inc()
     eventlog.on_conflict = log_conflicts.inc
+    eventlog.on_retention = deleted
 
 
 # --- liveness -------------------------------------------------------------------------

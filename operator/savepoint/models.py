@@ -129,6 +129,38 @@ class SessionSource(Model):
     at_event: str | None = Field(default=None, max_length=64)
 
 
+# A Pod template is free-form, except for the fields a CEL rule reads (a rule cannot see
+# fields the schema leaves unknown): the ServiceAccount, which must be the sandbox's own.
+POD_TEMPLATE = {
+    **FREE_FORM,
+    "properties": {
+        "spec": {
+            **FREE_FORM,
+            "properties": {
+                "serviceAccountName": {"type": "string", "maxLength": 253},
+                "serviceAccount": {"type": "string", "maxLength": 253},
+            },
+        }
+    },
+}
+SANDBOX_ACCOUNT_PREFIX = "savepoint-sandbox-"
+
+
+def _own_account_rule(key: str) -> dict[str, str]:
+    return cel(
+        f"!has(self.spec.podTemplate) || !has(self.spec.podTemplate.spec) || "
+        f"!has(self.spec.podTemplate.spec.{key}) || "
+        f"self.spec.podTemplate.spec.{key} == '{SANDBOX_ACCOUNT_PREFIX}' + self.metadata.name",
+        f"spec.podTemplate.spec.{key}: a sandbox runs as its own ServiceAccount "
+        f"{SANDBOX_ACCOUNT_PREFIX}<session>, the only one it gets a token for; leave it unset",
+        field_path=f".spec.podTemplate.spec.{key}",
+        reason="FieldValueForbidden",
+    )
+
+
+SESSION_RULES = (_own_account_rule("serviceAccountName"), _own_account_rule("serviceAccount"))
+
+
 class SessionSpec(Model):
     model_config = ConfigDict(
         json_schema_extra=validations(
@@ -140,7 +172,7 @@ class SessionSpec(Model):
         )
     )
 
-    pod_template: dict[str, Any] = Field(default_factory=dict, json_schema_extra=FREE_FORM)
+    pod_template: dict[str, Any] = Field(default_factory=dict, json_schema_extra=POD_TEMPLATE)
     workspace: WorkspaceSpec = Field(default_factory=WorkspaceSpec)
     harness: Revisioned | None = None
     profile: Revisioned | None = None
@@ -219,6 +251,10 @@ class CheckpointSpec(Model):
 
 class CheckpointResume(Model):
     kind: ResumeKind
+    # False once log retention has deleted part of events 1..throughSequence: the snapshot
+    # stays (a rollback restores it) but a fork, which copies that prefix, cannot be made.
+    log_prefix_available: bool | None = None
+    message: str | None = None
 
 
 class CheckpointStatus(Model):

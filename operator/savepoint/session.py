@@ -13,7 +13,7 @@ from typing import Any
 from savepoint import constants
 from savepoint.conditions import ConditionType, Reason, set_condition
 from savepoint.constants import API_VERSION, POD_BOOT_MS, POD_CREATED_MS, SESSION_LABEL
-from savepoint.models import OperatingMode, SessionPhase, SessionSpec
+from savepoint.models import SANDBOX_ACCOUNT_PREFIX, OperatingMode, SessionPhase, SessionSpec
 
 MANAGED_BY = {constants.MANAGED_BY_LABEL: constants.MANAGED_BY}
 WORKSPACE_VOLUME = "workspace"
@@ -31,8 +31,8 @@ def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
 
 
 # The chart's ValidatingAdmissionPolicy (templates/sandbox-policy.yaml) recognises a
-# sandbox by this prefix of its ServiceAccount's name; keep the two in step.
-SANDBOX_ACCOUNT_PREFIX = "savepoint-sandbox-"
+# sandbox by SANDBOX_ACCOUNT_PREFIX, the prefix of its ServiceAccount's name (and the
+# Session CRD's CEL rule refuses any other account); keep them in step.
 
 
 def sandbox_account(session: str) -> str:

@@ -22,27 +22,25 @@ import yaml
 from kubernetes import client, config
 
 from savepoint.models import GROUP, VERSION
+from tests.chart.test_chart import CHART
 from tests.conftest import REPO, unique, wait_for
 from tests.integration.test_checkpoint import make_checkpoint, wait_checkpoint
 from tests.integration.test_fork import make_fork, wait_fork
 from tests.integration.test_session import make_session, wait_phase
-from tests.unit.test_chart import CHART, _helm_path
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 TTL_DAYS = 29  # not the operator's default, so a Ready checkpoint shows which operator accepted it
 
 
 @pytest.fixture(scope="module")
-def sh(kubeconfig: str, tmp_path_factory) -> Callable[..., str]:
+def sh(kubeconfig: str, helm_binary: Path, tmp_path_factory) -> Callable[..., str]:
     """Run helm or kubectl against the test cluster; fail with stderr unless it succeeds."""
-    if not os.access(_helm_path(), os.X_OK):
-        pytest.fail(f"helm is not built at {_helm_path()}: run `hack/build-binaries helm`", pytrace=False)
     home = tmp_path_factory.mktemp("helm-home")
     env = {**os.environ, "KUBECONFIG": kubeconfig}
     env.update({var: str(home / var.lower()) for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")})
 
     def run(tool: str, *args: str, stdin: str | None = None) -> str:
-        argv = [str(_helm_path()) if tool == "helm" else KUBECTL, *args, "--kubeconfig", kubeconfig]
+        argv = [str(helm_binary) if tool == "helm" else KUBECTL, *args, "--kubeconfig", kubeconfig]
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
         if done.returncode != 0:
             pytest.fail(f"{tool} {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}", pytrace=False)

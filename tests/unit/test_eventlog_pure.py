@@ -14,8 +14,9 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from savepoint.errors import EventTooLarge, HistoryUnavailable, MalformedChunk
+from savepoint.errors import EventTooDeep, EventTooLarge, HistoryUnavailable, MalformedChunk
 from savepoint.eventlog import (
+    MAX_EVENT_DEPTH,
     TOMBSTONE_KEY,
     Event,
     EventLog,
@@ -234,6 +235,53 @@ def test_event_too_large_is_refused_before_any_request():
         elog.append("note", {TOMBSTONE_KEY: True})
 
 
+def _nested(depth: int) -> dict:
+    data: dict = {}
+    inner = data
+    for _ in range(depth - 1):
+        inner["a"] = [{}]
+        inner = inner["a"][0]
+    return data
+
+
+def test_an_event_nested_too_deep_is_refused_naming_the_limit():
+    elog = EventLog(core=None, namespace="ns", session="s")
+    with pytest.raises(EventTooDeep) as err:
+        elog.append("note", _nested(2000))  # was a bare RecursionError from the JSON encoder
+    assert err.value.limit == MAX_EVENT_DEPTH and f"{MAX_EVENT_DEPTH} levels" in str(err.value)
+    assert "'note'" in str(err.value)
+    cycle: dict = {}
+    cycle["self"] = cycle
+    with pytest.raises(EventTooDeep):
+        elog.append("note", cycle)
+
+
+def test_an_event_at_the_depth_limit_is_stored():
+    # _nested(n) has 2n-1 levels: each step is an object and a list.
+    elog = EventLog(FakeCore(), "ns", "s")
+    event = elog.append("note", _nested((MAX_EVENT_DEPTH + 1) // 2))
+    assert elog.read() == [event]
+
+
+def test_a_hand_edited_value_below_a_writer_stops_it_until_repaired():
+    core = FakeCore()
+    elog = EventLog(core, "ns", "s")
+    written = [elog.append("note", {"n": n}) for n in (1, 2, 3)]
+    chunk = core.objects["s-log-000001"]
+    key = f"{written[1].seq:012d}"
+    original = chunk["data"][key]
+    chunk["data"][key] = '{"seq": "two"'
+    chunk["metadata"]["resourceVersion"] = "edited"  # the writer's cached copy is stale now
+    for writer in (elog, EventLog(core, "ns", "s")):  # the same writer, and a new one
+        with pytest.raises(MalformedChunk) as err:
+            writer.append("note", {"n": 4})
+        assert err.value.chunk == "s-log-000001" and err.value.key == key
+    assert sorted(chunk["data"]) == [f"{n:012d}" for n in (1, 2, 3)]  # nothing written around it
+    chunk["data"][key] = original
+    after = elog.append("note", {"n": 5})
+    assert [e.data["n"] for e in elog.read()] == [1, 2, 3, 5] and after.seq == 4
+
+
 # ------------------------------------- the write protocol, on an in-memory API server
 
 
@@ -363,3 +411,30 @@ def test_small_events_roll_over_early_and_a_big_one_gets_a_chunk_of_its_own():
     assert holding[big_chunk] == [f"{big.seq:012d}"] and 6000 < used[big_chunk] <= 8192
     assert all(size <= 2048 for name, size in used.items() if name != big_chunk)
     assert len(core.objects) >= 4
+
+
+def test_retention_deletes_a_sealed_prefix_counts_it_and_never_the_chunk_being_written(monkeypatch):
+    from datetime import UTC, datetime, timedelta
+
+    from savepoint import eventlog
+
+    core = FakeCore()
+    elog = EventLog(core, "ns", "s", max_chunk_bytes=1024)
+    for i in range(12):
+        elog.append("note", {"i": i, "pad": "p" * 300})
+    names = sorted(core.objects)
+    assert len(names) >= 4
+    sizes = {n: sum(len(k) + len(v.encode()) for k, v in core.objects[n]["data"].items()) for n in names}
+    seen: list[tuple[str, int]] = []
+    monkeypatch.setattr(eventlog, "on_retention", lambda name, size: seen.append((name, size)))
+    assert elog.apply_retention(timedelta(hours=1)) == [] and elog.retained_from == 1
+    later = datetime.now(UTC) + timedelta(hours=2)  # every event is older than the window now
+    deleted = elog.apply_retention(timedelta(hours=1), now=later)
+    assert deleted == names[:-1] and sorted(core.objects) == names[-1:]
+    assert seen == [(n, sizes[n]) for n in names[:-1]]
+    newest = core.objects[names[-1]]
+    assert elog.retained_from == int(newest["metadata"]["annotations"]["savepoint.dev/first-seq"])
+    with pytest.raises(HistoryUnavailable) as err:
+        elog.read()
+    assert (err.value.from_seq, err.value.to_seq, err.value.reason) == (1, elog.retained_from - 1, "retention")
+    assert elog.append("note", {"i": 12}).seq == 13  # appending goes on

@@ -102,12 +102,18 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> None:
         _fail(body, err)
 
 
-def _read_prefix(namespace: str, session: dict, through: int) -> None:
+def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | None = None) -> None:
     try:
         if through:
             event_log(session).read(1, through)
     except HistoryUnavailable as err:
-        raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
+        message = str(err)
+        if checkpoint:
+            message = (
+                f"the log prefix of checkpoint {checkpoint} (events 1..{through}) is gone: {message}; "
+                "its snapshot is kept, and a rollback to it still works"
+            )
+        raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, message) from None
     except EventLogError as err:
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
 
@@ -147,7 +153,10 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
     session = k8s.get_custom("sessions", namespace, plan.source_session)
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
-    _read_prefix(namespace, session, plan.through_sequence)
+    if spec.mode == ForkMode.FORK:
+        # A fork copies the prefix into its new log; a rollback keeps the session's own log,
+        # so a prefix that retention deleted does not stop it restoring the snapshot.
+        _read_prefix(namespace, session, plan.through_sequence, plan.checkpoint)
     pinned = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.__dict__.items()}
     _write(
         body,
@@ -168,9 +177,19 @@ def _plan_at_event(spec: ForkSpec, session: dict, at_event: str) -> Plan:
     except EventLogError as err:
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
     match = next((e for e in events if e.id == at_event or str(e.seq) == at_event), None)
+    wanted = _named_seq(at_event)
+    if match is None and wanted is not None and events and wanted < events[0].seq:
+        # Before the oldest event left: deleted by retention, which the strict read names.
+        _read_prefix("", session, wanted)
     if match is None:
         raise ForkError(ForkReason.EVENT_NOT_FOUND, f"session {session['metadata']['name']} has no event {at_event}")
     return Plan(spec.mode, RestoreMode.EVENT_LOG_REBUILD, session["metadata"]["name"], None, None, match.seq, match.id)
+
+
+def _named_seq(at_event: str) -> int | None:
+    """The sequence number an atEvent names: a number, or an event id (its 12-digit prefix)."""
+    head = at_event.split("-", 1)[0]
+    return int(head) if head.isdigit() and int(head) > 0 else None
 
 
 # --- fork -------------------------------------------------------------------------------

@@ -10,13 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from savepoint import k8s
+from savepoint import k8s, podsecurity
 from savepoint.constants import (
+    ANNOTATION_LOG_RETENTION,
     API_VERSION,
     RECLAIM_LABEL,
     RESTORE_STARTED_MS_ANNOTATION,
@@ -25,6 +27,7 @@ from savepoint.constants import (
 )
 from savepoint.controllers import has_run, object_lock, one_pass, sandbox
 from savepoint.controllers.logs import event_log
+from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
@@ -43,6 +46,7 @@ from savepoint.session import (
     claim_name,
     pod_name,
     pod_phase,
+    sandbox_account,
 )
 
 log = logging.getLogger(__name__)
@@ -165,12 +169,15 @@ def _drop_old_listings() -> None:
             del _resume_listings[namespace]
 
 
-def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = None, resumed: bool = False) -> None:
+def reconcile_session(
+    namespace: str, name: str, seen: dict[str, Any] | None = None, resumed: bool = False, retention: bool = False
+) -> None:
     """One pass over a Session. `seen` is its body as the watch just delivered it: the
     first pass in this process (the resume pass at start-up, thousands at once) starts
     from it instead of reading it again; later passes read it fresh, since a pass that
     ran in between may have changed its status. A first pass that is a resume (`resumed`)
-    also takes its Pod and claim from its namespace's listing (ResumeChildren)."""
+    also takes its Pod and claim from its namespace's listing (ResumeChildren). With
+    `retention` (the resync) the pass then applies the namespace's log retention."""
 
     def reconcile() -> float | None:
         fresh = seen is not None and not has_run("session", namespace, name)
@@ -179,6 +186,8 @@ def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = N
             return None
         children = ResumeChildren(namespace, name) if fresh and resumed else None
         _reconcile(body, children)
+        if retention:
+            enforce_retention(body)
         # Observed as of the listing: a child event after it still gets its own pass.
         return children.listed_at if children else None
 
@@ -200,6 +209,12 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
+    if not old_status.get("podName"):
+        # Before anything is made for a Pod (a Pod made before this check stays).
+        forbidden = pod_security_refusal(namespace, name, spec.pod_template)
+        if forbidden:
+            _write_failed(body, spec, claim, elog, Reason.POD_TEMPLATE_FORBIDDEN, forbidden)
+            return
     extra: dict[str, Any] = {}
     hold: tuple[str, str] | None = None  # (reason, message) while the Pod must stay away
     if spec.source and "restore" not in old_status:
@@ -233,21 +248,26 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     pod = children.pod(pod_name(name)) if children else k8s.get_pod(namespace, pod_name(name))
     if pod is not None and not _owned_by(pod, body):
         raise kopf.TemporaryError(f"Pod {pod_name(name)} belongs to another object", delay=2)
-    template_error = None
+    template_error: tuple[str, str] | None = None
     if spec.operating_mode == OperatingMode.PAUSED or hold is not None:
         if pod is not None and not pod["metadata"].get("deletionTimestamp"):
             k8s.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
+    elif pod is None and (forbidden := pod_security_refusal(namespace, name, spec.pod_template)):
+        template_error = (Reason.POD_TEMPLATE_FORBIDDEN, forbidden)
     elif pod is None:
         try:
             pod = k8s.ensure_pod(build_pod(body, spec, claim, now_ms()))
             made_child("pods", pod)
         except PodTemplateError as err:
-            template_error = str(err)
+            template_error = (Reason.INVALID_POD_TEMPLATE, str(err))
         except ApiException as err:
             if err.status not in (400, 422):
                 raise
             # The API server refused the Pod the template makes: say why, instead of retrying forever.
-            template_error = f"spec.podTemplate: the API server refused the Pod: {k8s.status_message(err)}"
+            template_error = (
+                Reason.INVALID_POD_TEMPLATE,
+                f"spec.podTemplate: the API server refused the Pod: {k8s.status_message(err)}",
+            )
     elif pod_phase(pod) == "Running" and POD_BOOT_MS not in (pod["metadata"].get("annotations") or {}):
         created = int((pod["metadata"].get("annotations") or {}).get(POD_CREATED_MS, now_ms()))
         boot = str(max(0, now_ms() - created))
@@ -269,7 +289,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
         _override_ready(status, meta, "Provisioning", hold[0], hold[1])
     if template_error:
-        _override_ready(status, meta, "Failed", Reason.INVALID_POD_TEMPLATE, template_error)
+        _override_ready(status, meta, "Failed", *template_error)
     status.update(extra)
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
@@ -282,6 +302,88 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         from savepoint.controllers.checkpoint import ensure_automatic
 
         ensure_automatic(body, seen.last_run_completed, policy.keep_last, policy.ttl)
+
+
+# Namespace -> (monotonic time read, its metadata): its labels set a Session's Pod
+# Security level and its annotations the log retention, and passes are many.
+_namespaces: dict[str, tuple[float, dict[str, Any]]] = {}
+NAMESPACE_CACHE_SECONDS = 5.0
+
+
+def namespace_meta(namespace: str) -> dict[str, Any]:
+    cached = _namespaces.get(namespace)
+    if cached is not None and time.monotonic() - cached[0] < NAMESPACE_CACHE_SECONDS:
+        return cached[1]
+    full = k8s.get_namespace(namespace).get("metadata") or {}
+    meta = {"labels": full.get("labels") or {}, "annotations": full.get("annotations") or {}}
+    _namespaces[namespace] = (time.monotonic(), meta)
+    return meta
+
+
+def log_retention(namespace: str) -> timedelta | None:
+    """The namespace's savepoint.dev/log-retention window; None when unset or unparsable."""
+    raw = (namespace_meta(namespace).get("annotations") or {}).get(ANNOTATION_LOG_RETENTION)
+    if raw is None:
+        return None
+    try:
+        return parse_duration(raw)
+    except ValueError as err:
+        log.warning("namespace %s: annotation %s=%r ignored: %s", namespace, ANNOTATION_LOG_RETENTION, raw, err)
+        return None
+
+
+def pod_security_refusal(namespace: str, name: str, template: dict[str, Any]) -> str | None:
+    """Why no Pod may be made from this Session's template (podsecurity), or None."""
+    level = podsecurity.level_for(namespace_meta(namespace).get("labels"))
+    return podsecurity.refusal(template, level, sandbox_account(name))
+
+
+def enforce_retention(body: dict[str, Any]) -> list[str]:
+    """Delete the Session's log chunks older than the namespace's log retention (whole
+    chunks, never the one being written), then mark every checkpoint whose log prefix
+    lost events: its snapshot stays, a fork from it fails with SessionHistoryUnavailable.
+    Returns the names of the chunks deleted."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    window = log_retention(namespace)
+    if window is None:
+        return []
+    elog = event_log(body)
+    deleted = elog.apply_retention(window)
+    first = elog.retained_from
+    if deleted:
+        message = f"log retention ({window}) deleted {len(deleted)} chunk(s): events before {first} are gone"
+        log.info("session %s/%s: %s (%s)", namespace, name, message, ", ".join(deleted))
+        k8s.post_event(body, "LogRetention", message)
+    if first is not None and first > 1:
+        mark_checkpoints_without_prefix(namespace, name, first)
+    return deleted
+
+
+def mark_checkpoints_without_prefix(namespace: str, session: str, first: int) -> None:
+    """Say in each checkpoint's status.resume that its log prefix is incomplete (once)."""
+    for ckpt in k8s.list_custom("checkpoints", namespace, f"{SESSION_LABEL}={session}"):
+        status = ckpt.get("status") or {}
+        through = status.get("throughSequence") or 0
+        if through < 1 or (status.get("resume") or {}).get("logPrefixAvailable") is False:
+            continue
+        gone = f"events 1..{first - 1}" if first - 1 < through else f"events 1..{through}"
+        message = (
+            f"{gone} of its log prefix (events 1..{through}) were deleted by log retention: a fork from "
+            "this checkpoint fails with SessionHistoryUnavailable; its snapshot is kept, and a rollback restores it"
+        )
+        k8s.patch_status(
+            "checkpoints",
+            namespace,
+            ckpt["metadata"]["name"],
+            {
+                "resume": {
+                    "kind": (status.get("resume") or {}).get("kind") or "snapshot",
+                    "logPrefixAvailable": False,
+                    "message": message,
+                }
+            },
+        )
 
 
 def _override_ready(status: dict, meta: dict, phase: str, reason: str, message: str) -> None:

@@ -52,7 +52,7 @@ def session_resync_loop(**_: object) -> None:
     def resync(key: tuple[str, str]) -> None:
         try:
             with count_errors("session"):
-                reconcile.reconcile_session(*key)
+                reconcile.reconcile_session(*key, retention=True)
         except Exception:  # counted; the next watch event tries again, or this soon
             reconcile.log.exception("resyncing session %s/%s", *key)
             resyncs.hurry(RESYNC_RETRY_SECONDS, keys=[key])
@@ -97,6 +97,21 @@ def _child_changed(type: str | None, body: kopf.Body, resource: kopf.Resource, *
     if reconcile.relisted(resource.plural, type, raw):
         resync_all_after_relist()
     return reconcile.child_changed(resource.plural, type, raw, record=False)
+
+
+if settings.webhook:
+
+    @kopf.on.validate(*SESSIONS, id="validate-sessions", operations=["CREATE", "UPDATE"])
+    def session_admission(namespace: str, name: str, spec: kopf.Spec, old: kopf.Body | None, **_: object) -> None:
+        """The Pod Security check of the status path, answered at `kubectl apply` time. An
+        update is checked only when it changes the template: a Session admitted before
+        can still be paused or resumed."""
+        template = dict(spec).get("podTemplate") or {}
+        if old is not None and (dict(old).get("spec") or {}).get("podTemplate") == template:
+            return
+        refusal = reconcile.pod_security_refusal(namespace, name, template)
+        if refusal:
+            raise kopf.AdmissionError(f"PodTemplateForbidden: {refusal}", code=403)
 
 
 @kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, when=_child_changed)

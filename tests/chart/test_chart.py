@@ -1,4 +1,5 @@
-"""The Helm chart, rendered with the pinned helm (hack/build-binaries helm): RBAC, security, peering, webhook.
+"""The Helm chart, rendered with the pinned helm (built by the helm_binary fixture): RBAC, security, peering,
+webhook. Needs no cluster, but helm, so not a unit test (marker `tools`).
 
 Also checks that the plain manifests in config/ are what the chart renders today.
 """
@@ -19,25 +20,9 @@ RELEASE = "sp"
 NAMESPACE = "savepoint-system"
 
 
-def _helm_version() -> str:
-    text = (REPO / "hack" / "versions.env").read_text()
-    return re.search(r"^HELM_VERSION=(\S+)$", text, flags=re.M)[1]
-
-
-def _helm_path() -> Path:
-    cache = os.environ.get("SAVEPOINT_CACHE") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "savepoint"
-    )
-    version = _helm_version()
-    return Path(cache) / "bin" / f"helm-{version}" / "helm"
-
-
 @pytest.fixture(scope="module")
-def helm(tmp_path_factory) -> list[str]:
-    path = _helm_path()
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"helm {_helm_version()} is not built at {path}: run `hack/build-binaries helm`", pytrace=False)
-    return [str(path)]
+def helm(helm_binary: Path) -> list[str]:
+    return [str(helm_binary)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -242,6 +227,11 @@ def test_webhook_objects_only_when_enabled(helm, default):
     ]
     assert hook["namespaceSelector"] == {"matchLabels": {"savepoint.dev/webhook": "on"}}
     assert hook["sideEffects"] == "None"
+    sessions = config["webhooks"][1]
+    assert sessions["clientConfig"]["service"]["path"] == "/validate-sessions"  # kopf serves a handler at its id
+    assert sessions["rules"][0]["resources"] == ["sessions"]
+    assert sessions["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    assert sessions["namespaceSelector"] == hook["namespaceSelector"]
     assert env(objects)["SAVEPOINT_WEBHOOK"] == "true"
     assert any(p["name"] == "webhook" for p in container(objects)["ports"])
     # TLS from cert-manager by default: the Certificate's Secret is mounted, its CA injected.
