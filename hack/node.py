@@ -78,10 +78,11 @@ def containerd_root(run_dir: Path) -> Path:
 
 
 def prune_roots(log) -> None:
-    """Remove the image stores of run folders that are gone (a deleted clone)."""
+    """Remove the image stores of run folders whose parent is gone (a deleted clone; `down`
+    removes the run folder itself, so that alone is no sign)."""
     for home in (cache_dir() / "node").glob("*"):
         recorded = home / "run-dir"
-        if recorded.exists() and not Path(recorded.read_text()).exists():
+        if recorded.exists() and not Path(recorded.read_text()).parent.exists():
             unmount_all(home, log)
             shutil.rmtree(home, ignore_errors=True)
             log(f"removed the node image store of {recorded.read_text()} (folder gone)")
