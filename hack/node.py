@@ -81,11 +81,14 @@ def prune_roots(log) -> None:
     """Remove the image stores of run folders whose parent is gone (a deleted clone; `down`
     removes the run folder itself, so that alone is no sign)."""
     for home in (cache_dir() / "node").glob("*"):
-        recorded = home / "run-dir"
-        if recorded.exists() and not Path(recorded.read_text()).parent.exists():
+        try:
+            owner = Path((home / "run-dir").read_text())
+        except OSError:  # being made, or removed by another cluster's prune
+            continue
+        if not owner.parent.exists():
             unmount_all(home, log)
             shutil.rmtree(home, ignore_errors=True)
-            log(f"removed the node image store of {recorded.read_text()} (folder gone)")
+            log(f"removed the node image store of {owner} (its folder is gone)")
 
 
 # --- network --------------------------------------------------------------------------
