@@ -84,6 +84,7 @@ class Reason(StrEnum):
     POD_RUNNING = "PodRunning"
     POD_FAILED = "PodFailed"
     IMAGE_UNAVAILABLE = "ImageUnavailable"  # the kubelet cannot get the image and will not retry
+    VOLUME_MOUNT_FAILED = "VolumeMountFailed"  # the kubelet's FailedMount (the CSI node plugin refused)
     CONTAINER_WAITING = "ContainerWaiting"  # the kubelet is retrying (pull back-off, config error)
     POD_SUCCEEDED = "PodSucceeded"
     PAUSED = "Paused"

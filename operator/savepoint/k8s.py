@@ -445,6 +445,20 @@ def post_event(body: dict, reason: str, message: str, warning: bool = False) -> 
         logging.getLogger(__name__).debug("could not post event %s on %s", reason, meta["name"], exc_info=True)
 
 
+def pod_warning(namespace: str, pod: dict, reasons: tuple[str, ...]) -> str | None:
+    """The newest message of the kubelet's Warning Events on this Pod with one of `reasons`
+    (FailedMount: the CSI node plugin refused to publish the volume), or None."""
+    meta = pod["metadata"]
+    events = core().list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={meta['name']},type=Warning"
+    )
+    found = [e for e in events.items if e.reason in reasons and (e.involved_object.uid in (None, meta.get("uid")))]
+    if not found:
+        return None
+    newest = max(found, key=lambda e: (e.last_timestamp or e.event_time or e.first_timestamp or 0, e.count or 0))
+    return f"{newest.reason}: {newest.message}"
+
+
 # --- A sandbox's own credentials ------------------------------------------------------
 
 

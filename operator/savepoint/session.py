@@ -150,6 +150,7 @@ class Observed:
     runs: int
     last_run_completed: int = 0  # seq of the newest run.completed in the effective history
     latest_checkpoint: str | None = None  # named by the log's newest checkpoint.created
+    pod_warning: str | None = None  # the kubelet's FailedMount of a Pod that stays Pending
 
 
 def pod_phase(pod: dict | None) -> str | None:
@@ -179,14 +180,22 @@ def child_digest(obj: dict[str, Any]) -> tuple:
 # Waiting reasons of the kubelet that no retry can cure: the image is not on the node and
 # may not be pulled, or its name cannot be parsed.
 TERMINAL_WAITING = frozenset({"ErrImageNeverPull", "InvalidImageName"})
-RETRIED_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
-                             "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
+RETRIED_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
 
 
 def container_problem(pod: dict | None) -> tuple[bool, str] | None:
     """(terminal, message) when a sandbox container cannot start, naming it, its image and the
     kubelet's reason and message; None when every container is starting or running."""
-    statuses = ((pod or {}).get("status") or {})
+    statuses = (pod or {}).get("status") or {}
     for status in [*(statuses.get("initContainerStatuses") or []), *(statuses.get("containerStatuses") or [])]:
         waiting = (status.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason") or ""
@@ -221,6 +230,12 @@ def derive_phase(spec: SessionSpec, seen: Observed) -> tuple[SessionPhase, str, 
             if terminal:
                 return SessionPhase.FAILED, Reason.IMAGE_UNAVAILABLE, message
             return SessionPhase.PROVISIONING, Reason.CONTAINER_WAITING, message
+        if seen.pod_warning:
+            return (
+                SessionPhase.PROVISIONING,
+                Reason.VOLUME_MOUNT_FAILED,
+                f"the kubelet cannot start the Pod: {seen.pod_warning}"[:1024],
+            )
         return SessionPhase.PROVISIONING, Reason.POD_PENDING, f"waiting for the Pod (phase {phase or 'absent'})"
     if seen.log_cursor is None:
         return SessionPhase.PROVISIONING, Reason.LOG_UNAVAILABLE, seen.log_error or "event log not readable"

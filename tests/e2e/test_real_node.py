@@ -500,3 +500,35 @@ def test_sandboxes_keep_running_across_kubelet_and_containerd_restarts(in_cluste
     status = core.read_namespaced_pod(pod, ns).status.container_statuses[0]
     assert status.restart_count == 0
     assert status.state.running.started_at == started
+
+
+def test_a_workspace_the_node_plugin_cannot_publish_shows_on_the_session(in_cluster_operator, s1, crds, core, ns):
+    from tests.csi_data import pvc_data_dir
+
+    claim = get(crds, ns, "sessions", "s1")["status"]["workspaceClaimName"]
+    crds.patch_namespaced_custom_object(GROUP, VERSION, ns, "sessions", "s1", {"spec": {"operatingMode": "Paused"}})
+    wait_phase(crds, ns, "sessions", "s1", "Paused")
+    # The volume's folder disappears from the node: NodePublishVolume can only fail now.
+    folder = pvc_data_dir(core, ns, claim)
+    folder.rename(folder.with_name(folder.name + ".gone"))
+    try:
+        crds.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, "sessions", "s1", {"spec": {"operatingMode": "Running"}}
+        )
+
+        def failed_mount():
+            ready = next(
+                (
+                    c
+                    for c in (get(crds, ns, "sessions", "s1").get("status") or {}).get("conditions", [])
+                    if c["type"] == "Ready"
+                ),
+                {},
+            )
+            return ready if ready.get("reason") == "VolumeMountFailed" else None
+
+        ready = wait_for(failed_mount, timeout=90, what="the Session's Ready condition naming the FailedMount")
+        assert "MountVolume.SetUp failed" in ready["message"] and ready["status"] == "False"
+    finally:
+        folder.with_name(folder.name + ".gone").rename(folder)
+    running_pod(core, ns, "s1", not_uid=s1.metadata.uid)  # the kubelet retries and the mount succeeds

@@ -108,29 +108,46 @@ def _waiting(reason: str, message: str = "") -> dict:
         "status": {
             "phase": "Pending",
             "containerStatuses": [
-                {"name": "agent", "image": "example.invalid/agent:1",
-                 "state": {"waiting": {"reason": reason, "message": message}}}
+                {
+                    "name": "agent",
+                    "image": "example.invalid/agent:1",
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
             ],
         },
     }
 
 
 def test_an_image_the_node_will_never_have_fails_the_session_naming_it():
-    phase, reason, message = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
-                                          seen(pod=_waiting("ErrImageNeverPull", "not present with pull policy")))
+    phase, reason, message = derive_phase(
+        SessionSpec.model_validate({"podTemplate": TEMPLATE}),
+        seen(pod=_waiting("ErrImageNeverPull", "not present with pull policy")),
+    )
     assert phase == SessionPhase.FAILED
     assert reason == "ImageUnavailable"
     assert "ErrImageNeverPull" in message and "example.invalid/agent:1" in message and "agent" in message
 
 
 def test_a_pull_back_off_waits_and_says_why():
-    phase, reason, message = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
-                                          seen(pod=_waiting("ImagePullBackOff")))
+    phase, reason, message = derive_phase(
+        SessionSpec.model_validate({"podTemplate": TEMPLATE}), seen(pod=_waiting("ImagePullBackOff"))
+    )
     assert phase == SessionPhase.PROVISIONING
     assert reason == "ContainerWaiting" and "ImagePullBackOff" in message
 
 
 def test_a_container_waiting_for_its_first_start_is_plain_pending():
-    phase, reason, _ = derive_phase(SessionSpec.model_validate({"podTemplate": TEMPLATE}),
-                                    seen(pod=_waiting("ContainerCreating")))
+    phase, reason, _ = derive_phase(
+        SessionSpec.model_validate({"podTemplate": TEMPLATE}), seen(pod=_waiting("ContainerCreating"))
+    )
     assert phase == SessionPhase.PROVISIONING and reason == "PodPending"
+
+
+def test_the_kubelets_failed_mount_is_the_sessions_reason():
+    pod = {"metadata": {"name": "s1"}, "status": {"phase": "Pending"}}
+    warning = 'FailedMount: MountVolume.SetUp failed for volume "pvc-1" : rpc error: code = NotFound'
+    phase, reason, message = derive_phase(
+        SessionSpec.model_validate({"podTemplate": TEMPLATE}), seen(pod=pod, pod_warning=warning)
+    )
+    assert phase == SessionPhase.PROVISIONING
+    assert reason == "VolumeMountFailed" and "MountVolume.SetUp failed" in message

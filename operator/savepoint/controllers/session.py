@@ -7,10 +7,11 @@ what it observes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
@@ -282,6 +283,9 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
             pvc = None
 
     seen = _observe_log(elog, pod, pvc)
+    warning = _mount_warning(namespace, pod)
+    if warning:
+        seen = dataclasses.replace(seen, pod_warning=warning)
     if elog.listed:
         # Widen the sandbox's Role from this pass's own listing: no request unless it must grow.
         sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
@@ -586,6 +590,24 @@ def latest_checkpoint(events: list) -> str | None:
         if event.type == "checkpoint.created":
             return event.data.get("checkpoint")
     return None
+
+
+# A Pod Pending this long has its kubelet Events read (one list call per pass until it runs).
+MOUNT_WARNING_AFTER = timedelta(seconds=5)
+
+
+def _mount_warning(namespace: str, pod: dict | None) -> str | None:
+    """The kubelet's FailedMount of a Pod stuck Pending; none for a young or running Pod."""
+    if pod is None or pod_phase(pod) != "Pending":
+        return None
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not created or datetime.now(UTC) - datetime.fromisoformat(created.replace("Z", "+00:00")) < MOUNT_WARNING_AFTER:
+        return None
+    try:
+        return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
+    except ApiException as err:
+        log.debug("reading the Events of Pod %s/%s: %s", namespace, pod["metadata"]["name"], err)
+        return None
 
 
 def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
