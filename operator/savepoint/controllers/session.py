@@ -10,12 +10,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from savepoint import k8s
+from savepoint import idle, k8s, metrics
+from savepoint.conditions import ConditionType, now_rfc3339, set_condition
 from savepoint.constants import (
     API_VERSION,
     RECLAIM_LABEL,
@@ -26,9 +28,10 @@ from savepoint.constants import (
 from savepoint.controllers import has_run, object_lock, one_pass, sandbox
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
-from savepoint.eventlog import EventLog, effective_history, summarize
+from savepoint.eventlog import Event, EventLog, effective_history, parse_time, summarize
 from savepoint.fork import RESTORING_ANNOTATION
-from savepoint.models import OperatingMode, SessionSpec
+from savepoint.models import OperatingMode, SessionPhase, SessionSpec
+from savepoint.polling import DeadlineQueue
 from savepoint.sandbox import chunk_index
 from savepoint.session import (
     POD_BOOT_MS,
@@ -217,6 +220,16 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if annotations.get(RESTORING_ANNOTATION):
         hold = ("RollingBack", f"rolling back ({annotations[RESTORING_ANNOTATION]})")
 
+    # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
+    # in force from here on (the user's spec, paused while the idle pause holds).
+    user_spec = spec
+    events: list[Event] | None = None
+    idle_state: dict[str, Any] | None = old_status.get("idle")
+    if spec.idle is not None or idle_state:
+        events, idle_state = _idle_step(body, spec, elog, hold)
+        if idle.is_paused(idle_state, meta.get("generation")):
+            spec = spec.model_copy(update={"operating_mode": OperatingMode.PAUSED})
+
     reclaimed = old_status.get("reclaimedCheckpoint")
     if reclaimed and spec.operating_mode == OperatingMode.RUNNING and hold is None:
         claim, resumed = resume_reclaimed(body, spec, elog, reclaimed)
@@ -255,13 +268,18 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         pod["metadata"].setdefault("annotations", {})[POD_BOOT_MS] = boot
 
     paused = spec.operating_mode == OperatingMode.PAUSED and old_status.get("phase") == "Paused"
-    if paused and spec.workspace.reclaim_on_pause and hold is None and pod is None and pvc and not reclaimed:
-        done = reclaim_workspace(body, claim)
+    idle_paused = spec is not user_spec
+    idle_checkpoint = idle_paused and user_spec.idle is not None and user_spec.idle.checkpoint
+    reclaim = spec.workspace.reclaim_on_pause or idle_checkpoint
+    if paused and reclaim and hold is None and pod is None and pvc and not reclaimed:
+        done = reclaim_workspace(
+            body, claim, idle.reclaim_name(name, idle_state or {}) if idle_paused else None
+        )
         if done:
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
-    seen = _observe_log(elog, pod, pvc)
+    seen = _observe_log(elog, pod, pvc, events)
     if elog.listed:
         # Widen the sandbox's Role from this pass's own listing: no request unless it must grow.
         sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
@@ -271,6 +289,8 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if template_error:
         _override_ready(status, meta, "Failed", Reason.INVALID_POD_TEMPLATE, template_error)
     status.update(extra)
+    if idle_state is not None:
+        status["idle"], status["conditions"] = _idle_status(body, user_spec, idle_state, status)
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
         status.pop("workspaceClaimName", None)
@@ -328,10 +348,10 @@ def reclaim_name(session: str, generation: int) -> str:
     return f"{session}-pause-{generation}"
 
 
-def reclaim_workspace(body: dict, claim: str) -> str | None:
+def reclaim_workspace(body: dict, claim: str, name: str | None = None) -> str | None:
     """Checkpoint a paused session's workspace, then delete the claim; the checkpoint's name once done."""
     meta = body["metadata"]
-    name = reclaim_name(meta["name"], meta.get("generation") or 0)
+    name = name or reclaim_name(meta["name"], meta.get("generation") or 0)
     ckpt = k8s.get_custom("checkpoints", meta["namespace"], name)
     if ckpt is None:
         k8s.create_custom(
@@ -486,9 +506,10 @@ def latest_checkpoint(events: list) -> str | None:
     return None
 
 
-def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
+def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: list[Event] | None = None) -> Observed:
     try:
-        events = elog.read(partial=True)
+        if events is None:
+            events = elog.read(partial=True)
         history = effective_history(events)
         summary = summarize(history)
         last = events[-1] if events else None
@@ -517,3 +538,84 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed
             approval_pending=False,
             runs=0,
         )
+
+
+# Sessions whose idle window (spec.idle.pauseAfter) ends before their next resync: a pass
+# then (handlers/session.py waits on it).
+idle_timers = DeadlineQueue()
+ACTIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
+
+
+def _idle_step(
+    body: dict, spec: SessionSpec, elog: EventLog, hold: tuple[str, str] | None
+) -> tuple[list[Event] | None, dict | None]:
+    """Pause an idle session, or wake an idle-paused one; (the log's events as read, or
+    None when unreadable; status.idle as it is now)."""
+    meta = body["metadata"]
+    old_status = body.get("status") or {}
+    state = old_status.get("idle")
+    generation = meta.get("generation")
+    try:
+        events = elog.read(partial=True)
+    except EventLogError:
+        return None, state  # the pass reports the log; nothing to decide from
+    if state and state.get("paused"):
+        if not idle.is_paused(state, generation):
+            metrics.wakes.labels("spec").inc()
+            k8s.post_event(body, idle.SPEC_CHANGED, "the spec changed: the idle pause ends, the spec decides")
+            return events, idle.woken_state(state, None)
+        wake = idle.waking_event(spec.idle, events, state.get("throughSequence") or 0)
+        if wake is None:
+            return events, state
+        metrics.wakes.labels("event").inc()
+        k8s.post_event(body, idle.WOKEN, f"event {wake.sequence} ({wake.type}) woke the session")
+        return events, idle.woken_state(state, wake)
+    key = (meta["namespace"], meta["name"])
+    policy = spec.idle
+    if policy is None or spec.operating_mode != OperatingMode.RUNNING or hold is not None:
+        idle_timers.drop(key)
+        return events, state
+    ready: dict = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
+    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
+    if deadline is None or old_status.get("phase") != SessionPhase.READY:
+        idle_timers.drop(key)  # a run, an approval, or not Ready yet: the next change brings a pass
+        return events, state
+    left = (deadline - datetime.now(UTC)).total_seconds()
+    if left > 0:
+        idle_timers.schedule(key, time.monotonic() + left)
+        return events, state
+    idle_timers.drop(key)
+    metrics.idle_pauses.inc()
+    kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
+    k8s.post_event(body, idle.IDLE_PAUSED, f"no event for {policy.pause_after}: pausing ({kept})")
+    return events, idle.paused_state(events, generation, now_rfc3339())
+
+
+def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tuple[dict, list]:
+    """status.idle and the conditions with Idle (and Ready, while idle-paused) saying why."""
+    generation = body["metadata"].get("generation")
+    conditions = status["conditions"]
+    paused = idle.is_paused(state, generation)
+    if paused:
+        wakes = (
+            f"an event of type {', '.join(spec.idle.wake_on_types)} wakes it"
+            if spec.idle is not None and spec.idle.wake_on_event
+            else "a change to its spec wakes it"
+        )
+        message = f"paused by the operator: no event since sequence {state.get('throughSequence')}; {wakes}"
+        conditions = [
+            {**c, "reason": idle.IDLE_PAUSED, "message": message} if c["type"] == ConditionType.READY else c
+            for c in conditions
+        ]
+    else:
+        message = "the session is in use" if spec.idle is not None else "spec.idle is not set"
+    conditions = set_condition(
+        conditions, ConditionType.IDLE, paused, idle.IDLE_PAUSED if paused else idle.ACTIVE, message, generation
+    )
+    took = idle.wake_duration(state, datetime.now(UTC))
+    if took is not None and status.get("phase") in ACTIVE_PHASES:
+        metrics.wake_seconds.observe(took.total_seconds())
+        state = {**state, "wokenBySequence": None, "wokenByType": None, "wokenAt": None,
+                 "lastWakeMs": int(took.total_seconds() * 1000)}
+    return state, conditions
