@@ -289,8 +289,10 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if template_error:
         _override_ready(status, meta, "Failed", Reason.INVALID_POD_TEMPLATE, template_error)
     status.update(extra)
-    if idle_state is not None:
-        status["idle"], status["conditions"] = _idle_status(body, user_spec, idle_state, status)
+    if idle_state is not None or user_spec.idle is not None:
+        # {"paused": false} is what the API server stores for an empty status.idle (its default).
+        state = idle_state or {"paused": False}
+        status["idle"], status["conditions"] = _idle_status(body, user_spec, state, status)
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
         status.pop("workspaceClaimName", None)
@@ -586,10 +588,14 @@ def _idle_step(
         idle_timers.schedule(key, time.monotonic() + left)
         return events, state
     idle_timers.drop(key)
+    state = idle.paused_state(events, generation, now_rfc3339())
+    # Status before the side effect: whoever reads the Session while its Pod goes sees why.
+    k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state})
+    body.setdefault("status", {})["idle"] = state
     metrics.idle_pauses.inc()
     kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
     k8s.post_event(body, idle.IDLE_PAUSED, f"no event for {policy.pause_after}: pausing ({kept})")
-    return events, idle.paused_state(events, generation, now_rfc3339())
+    return events, state
 
 
 def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tuple[dict, list]:
@@ -616,6 +622,14 @@ def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tu
     took = idle.wake_duration(state, datetime.now(UTC))
     if took is not None and status.get("phase") in ACTIVE_PHASES:
         metrics.wake_seconds.observe(took.total_seconds())
-        state = {**state, "wokenBySequence": None, "wokenByType": None, "wokenAt": None,
-                 "lastWakeMs": int(took.total_seconds() * 1000)}
-    return state, conditions
+        state = {
+            **state,
+            "wokenBySequence": None,
+            "wokenByType": None,
+            "wokenAt": None,
+            "lastWakeMs": int(took.total_seconds() * 1000),
+        }
+    # A merge patch removes a key written as null: send null only for a key that is there,
+    # so a pass that changes nothing finds status.idle equal and writes nothing.
+    old = (body.get("status") or {}).get("idle") or {}
+    return {k: v for k, v in state.items() if v is not None or k in old}, conditions
