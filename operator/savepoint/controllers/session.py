@@ -30,7 +30,7 @@ from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Event, EventLog, effective_history, parse_time, summarize
 from savepoint.fork import RESTORING_ANNOTATION
-from savepoint.models import OperatingMode, SessionPhase, SessionSpec
+from savepoint.models import IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
 from savepoint.sandbox import chunk_index
 from savepoint.session import (
@@ -298,6 +298,8 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         status.pop("workspaceClaimName", None)
         status.pop("restore", None)
     _commit(body, status)
+    if user_spec.idle is not None or idle_state is not None:
+        _schedule_idle(body, user_spec, status, events, hold is not None)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
         # Deferred import: the checkpoint controller builds on this module.
@@ -572,22 +574,11 @@ def _idle_step(
         metrics.wakes.labels("event").inc()
         k8s.post_event(body, idle.WOKEN, f"event {wake.sequence} ({wake.type}) woke the session")
         return events, idle.woken_state(state, wake)
-    key = (meta["namespace"], meta["name"])
     policy = spec.idle
     if policy is None or spec.operating_mode != OperatingMode.RUNNING or hold is not None:
-        idle_timers.drop(key)
         return events, state
-    ready: dict = next((c for c in old_status.get("conditions") or [] if c.get("type") == "Ready"), {})
-    since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
-    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
-    if deadline is None or old_status.get("phase") != SessionPhase.READY:
-        idle_timers.drop(key)  # a run, an approval, or not Ready yet: the next change brings a pass
+    if old_status.get("phase") != SessionPhase.READY or _idle_left(policy, old_status, events) != 0:
         return events, state
-    left = (deadline - datetime.now(UTC)).total_seconds()
-    if left > 0:
-        idle_timers.schedule(key, time.monotonic() + left)
-        return events, state
-    idle_timers.drop(key)
     state = idle.paused_state(events, generation, now_rfc3339())
     # Status before the side effect: whoever reads the Session while its Pod goes sees why.
     k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state})
@@ -596,6 +587,34 @@ def _idle_step(
     kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
     k8s.post_event(body, idle.IDLE_PAUSED, f"no event for {policy.pause_after}: pausing ({kept})")
     return events, state
+
+
+def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float | None:
+    """Seconds until the idle window ends (0 once it has); None while it cannot end (a run
+    or an approval open, or the session not Ready)."""
+    ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
+    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
+    if deadline is None or status.get("phase") != SessionPhase.READY:
+        return None
+    return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
+
+
+def _schedule_idle(body: dict, spec: SessionSpec, status: dict, events: list[Event] | None, held: bool) -> None:
+    """A pass when the idle window of a Ready session ends; none while it cannot end (the
+    next change to the log, the Pod or the spec brings a pass)."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    left = None
+    running = spec.operating_mode == OperatingMode.RUNNING and not held
+    asleep = idle.is_paused(status.get("idle"), meta.get("generation"))
+    if spec.idle is not None and running and events is not None and not asleep:
+        left = _idle_left(spec.idle, status, events)
+    if left is None:
+        idle_timers.drop(key)
+    else:
+        # A little after the window: the pass must find it over, not a millisecond short.
+        idle_timers.schedule(key, time.monotonic() + left + 0.05)
 
 
 def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tuple[dict, list]:
@@ -615,7 +634,11 @@ def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tu
             for c in conditions
         ]
     else:
-        message = "the session is in use" if spec.idle is not None else "spec.idle is not set"
+        message = (
+            f"active: pauses after {spec.idle.pause_after} with no new event and no run or approval open"
+            if spec.idle is not None
+            else "spec.idle is not set"
+        )
     conditions = set_condition(
         conditions, ConditionType.IDLE, paused, idle.IDLE_PAUSED if paused else idle.ACTIVE, message, generation
     )
