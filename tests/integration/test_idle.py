@@ -16,8 +16,9 @@ from kubernetes import client
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
 from tests.conftest import wait_for
+from tests.csi_data import pvc_data_dir
 from tests.e2e.test_real_node import harness, harness_template, images
-from tests.integration.test_checkpoint import _sample, _scrape
+from tests.integration.test_checkpoint import _sample, _scrape, checksums, wait_checkpoint, write_files
 from tests.integration.test_session import get_session, make_session, wait_phase
 
 
@@ -85,9 +86,12 @@ def test_a_run_in_flight_is_never_paused(operator, core, crds, namespace):
 
 
 def test_idle_checkpoint_frees_the_disk_and_the_wake_restores_it(operator, core, crds, namespace):
-    make_session(crds, namespace, "saved", idle={"pauseAfter": "2s", "checkpoint": True, "wakeOnEvent": True})
+    make_session(crds, namespace, "saved", idle={"pauseAfter": "4s", "checkpoint": True, "wakeOnEvent": True})
     ready = wait_phase(crds, namespace, "saved", "Ready")
     claim = ready["status"]["workspaceClaimName"]
+    workspace = pvc_data_dir(core, namespace, claim)
+    write_files(workspace)
+    files = checksums(workspace)
     body = wait_for(
         lambda: (b := get_session(crds, namespace, "saved"))["status"].get("reclaimedCheckpoint") and b,
         timeout=120,
@@ -101,6 +105,26 @@ def test_idle_checkpoint_frees_the_disk_and_the_wake_restores_it(operator, core,
     assert body["status"]["restore"]["mode"] == "snapshot"
     assert body["status"]["restore"]["checkpoint"] == kept
     assert body["status"]["workspaceClaimName"] != claim
+    assert checksums(pvc_data_dir(core, namespace, body["status"]["workspaceClaimName"])) == files
+
+
+def test_a_wake_after_the_idle_checkpoint_expired_rebuilds_from_the_log(operator, core, crds, namespace):
+    core.patch_namespace(namespace, {"metadata": {"annotations": {"savepoint.dev/checkpoint-ttl": "3s"}}})
+    make_session(crds, namespace, "gone", idle={"pauseAfter": "2s", "checkpoint": True, "wakeOnEvent": True})
+    wait_phase(crds, namespace, "gone", "Ready")
+    log = EventLog(core, namespace, "gone")
+    log.append("user.message", {"text": "remember me"})
+    body = wait_for(
+        lambda: (b := get_session(crds, namespace, "gone"))["status"].get("reclaimedCheckpoint") and b,
+        timeout=120,
+        what="the idle pause's checkpoint taken",
+    )
+    wait_checkpoint(crds, namespace, body["status"]["reclaimedCheckpoint"], "Expired", timeout=60)
+    log.append("user.message", {"text": "still there?"})
+    body = wait_phase(crds, namespace, "gone", "Ready", timeout=120)
+    assert body["status"]["restore"]["mode"] == "event_log_rebuild"
+    assert body["status"]["restore"]["reason"] == "checkpoint_expired"
+    assert [e.type for e in log.read()][-1] == "session.rebuilt"
 
 
 @pytest.fixture
