@@ -63,11 +63,21 @@ def test_an_idle_session_pauses_and_says_why(operator, core, crds, namespace):
     EventLog(core, namespace, "quiet").append("user.message", {"text": "anyone?"})
     time.sleep(3)
     assert get_session(crds, namespace, "quiet")["status"]["phase"] == "Paused"
-    crds.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "quiet", {"spec": {"idle": None}})
-    body = wait_phase(crds, namespace, "quiet", "Ready", timeout=60)
-    assert body["status"]["idle"]["paused"] is False
+    # The user pausing it themselves takes the session over: their pause, not the operator's.
+    patch = {"spec": {"operatingMode": "Paused"}}
+    crds.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "quiet", patch)
+    body = wait_for(
+        lambda: (b := get_session(crds, namespace, "quiet"))["status"]["idle"]["paused"] is False and b,
+        timeout=60,
+        what="the idle pause handed over to the user's",
+    )
+    assert body["status"]["phase"] == "Paused" and condition(body, "Ready")["reason"] == "Paused"
     assert condition(body, "Idle")["status"] == "False"
     assert "SpecChanged" in session_events(core, namespace, "quiet")
+    patch = {"spec": {"operatingMode": "Running", "idle": None}}
+    crds.patch_namespaced_custom_object(GROUP, VERSION, namespace, "sessions", "quiet", patch)
+    body = wait_phase(crds, namespace, "quiet", "Ready", timeout=60)
+    assert not body["status"]["idle"]["paused"]
 
 
 def test_a_run_in_flight_is_never_paused(operator, core, crds, namespace):
