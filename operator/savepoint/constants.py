@@ -71,6 +71,7 @@ class ConditionType(StrEnum):
     WORKSPACE_BOUND = "WorkspaceBound"
     POD_RUNNING = "PodRunning"
     EVENT_LOG_READABLE = "EventLogReadable"
+    IDLE = "Idle"  # spec.idle: True while the operator keeps the session paused for idleness
 
 
 class Reason(StrEnum):

@@ -44,6 +44,15 @@ api_requests = Counter(
 api_throttle_seconds = Counter(
     "savepoint_api_throttle_seconds_total", "Time requests waited for the client-side rate limiter"
 )
+idle_pauses = Counter("savepoint_session_idle_pauses_total", "Sessions the operator paused for idleness (spec.idle)")
+wakes = Counter(
+    "savepoint_session_wakes_total",
+    "Idle pauses ended: by an event of the log (trigger=event) or by a change to the spec (trigger=spec)",
+    ["trigger"],
+)
+wake_seconds = Histogram(
+    "savepoint_session_wake_seconds", "Time from the event that woke an idle-paused Session to Ready", buckets=BUCKETS
+)
 reconcile_errors = Counter("savepoint_reconcile_errors_total", "Reconcile passes that raised", ["kind"])
 reconciles = Counter("savepoint_reconciles_total", "Reconcile passes started", ["kind"])
 reconciles_in_flight = Gauge("savepoint_reconciles_in_flight", "Reconcile passes running now", ["kind"])

@@ -10,7 +10,7 @@ before anything is stored.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -112,6 +112,41 @@ class CheckpointPolicy(Model):
     keep_last: int | None = Field(default=None, ge=1, le=1000)
 
 
+# A zero duration (only zero digits, whatever the units) would pause a session the moment
+# it is idle, before anyone could talk to it.
+ZERO_DURATION = r"^([0]+([.][0]+)?(ms|s|m|h|d|w))+$"
+
+
+class IdlePolicy(Model):
+    """Pause a session nobody talks to, and wake it with the conversation (docs/idle.md)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            cel(
+                "!has(self.wakeOnTypes) || size(self.wakeOnTypes) > 0",
+                "wakeOnTypes must name at least one event type (leave it out for user.message)",
+                field_path=".wakeOnTypes",
+            ),
+        )
+    )
+
+    pause_after: str = Field(
+        pattern=DURATION_PATTERN,
+        max_length=32,
+        json_schema_extra=validations(
+            cel(
+                f"!self.matches('{ZERO_DURATION}')",
+                "pauseAfter must be longer than zero, such as 15m or 90s",
+            )
+        ),
+    )
+    checkpoint: bool = False
+    wake_on_event: bool = False
+    wake_on_types: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        default_factory=lambda: ["user.message"], max_length=32
+    )
+
+
 class SessionSource(Model):
     """Where a forked session came from: `{checkpoint}` | `{session, atEvent}` | `{session}`."""
 
@@ -178,6 +213,7 @@ class SessionSpec(Model):
     profile: Revisioned | None = None
     operating_mode: OperatingMode = OperatingMode.RUNNING
     checkpoint_policy: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    idle: IdlePolicy | None = None
     source: SessionSource | None = None
 
 
@@ -207,6 +243,23 @@ class UsageStatus(Model):
     runs: int = 0
 
 
+class IdleStatus(Model):
+    """The operator's own pause of an idle session (spec.idle); spec.operatingMode stays the user's."""
+
+    paused: bool = False
+    # When the operator paused the session, the log's last sequence then (a wake needs a
+    # newer event) and the spec's generation then (a change to the spec ends the pause).
+    paused_at: str | None = None
+    through_sequence: int | None = None
+    generation: int | None = None
+    # Set by a wake until the session is Ready again: the waking event and its time.
+    woken_by_sequence: int | None = None
+    woken_by_type: str | None = None
+    woken_at: str | None = None
+    # The last wake's time from the waking event to Ready.
+    last_wake_ms: int | None = None
+
+
 class SessionStatus(Model):
     observed_generation: int | None = None
     phase: SessionPhase | None = None
@@ -219,6 +272,7 @@ class SessionStatus(Model):
     forked_from_checkpoint: str | None = None
     # Set while a paused session's workspace lives only in this checkpoint (reclaimOnPause).
     reclaimed_checkpoint: str | None = None
+    idle: IdleStatus | None = None
     usage: UsageStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 

@@ -117,3 +117,47 @@ class WorkQueue:
 
     def __len__(self) -> int:
         return len(self._waiting)
+
+
+class DeadlineQueue:
+    """Keys each due once, at a time of its own (monotonic seconds): the idle timers of
+    Sessions (spec.idle). Scheduling a key again replaces its time; a key taken is gone
+    until it is scheduled again."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._due: dict[tuple[str, str], float] = {}
+        self._changed = threading.Condition()
+
+    def schedule(self, key: tuple[str, str], at: float) -> None:
+        with self._changed:
+            self._due[key] = at
+            self._changed.notify_all()
+
+    def drop(self, key: tuple[str, str]) -> None:
+        with self._changed:
+            self._due.pop(key, None)
+
+    def take_due(self) -> list[tuple[str, str]]:
+        """Keys due now, the most overdue first, removed."""
+        now = self._clock()
+        with self._changed:
+            due = sorted((at, key) for key, at in self._due.items() if at <= now)
+            for _, key in due:
+                del self._due[key]
+        return [key for _, key in due]
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until the earliest key is due, a key is scheduled, or `timeout` passes."""
+        with self._changed:
+            wait = timeout
+            if self._due:
+                wait = min(timeout, max(0.0, min(self._due.values()) - self._clock()))
+            if wait > 0:
+                self._changed.wait(wait)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._due
+
+    def __len__(self) -> int:
+        return len(self._due)

@@ -17,7 +17,8 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from savepoint import k8s, podsecurity
+from savepoint import idle, k8s, metrics, podsecurity
+from savepoint.conditions import ConditionType, now_rfc3339, set_condition
 from savepoint.constants import (
     ANNOTATION_LOG_RETENTION,
     API_VERSION,
@@ -30,9 +31,10 @@ from savepoint.controllers import has_run, object_lock, one_pass, sandbox
 from savepoint.controllers.logs import event_log
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
-from savepoint.eventlog import EventLog, effective_history, summarize
+from savepoint.eventlog import Event, EventLog, effective_history, parse_time, summarize
 from savepoint.fork import RESTORING_ANNOTATION
-from savepoint.models import OperatingMode, SessionSpec
+from savepoint.models import IdlePolicy, OperatingMode, SessionPhase, SessionSpec
+from savepoint.polling import DeadlineQueue
 from savepoint.sandbox import chunk_index
 from savepoint.session import (
     POD_BOOT_MS,
@@ -233,6 +235,16 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if annotations.get(RESTORING_ANNOTATION):
         hold = ("RollingBack", f"rolling back ({annotations[RESTORING_ANNOTATION]})")
 
+    # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
+    # in force from here on (the user's spec, paused while the idle pause holds).
+    user_spec = spec
+    events: list[Event] | None = None
+    idle_state: dict[str, Any] | None = old_status.get("idle")
+    if spec.idle is not None or idle_state:
+        events, idle_state = _idle_step(body, spec, elog, hold)
+        if idle.is_paused(idle_state, meta.get("generation")):
+            spec = spec.model_copy(update={"operating_mode": OperatingMode.PAUSED})
+
     reclaimed = old_status.get("reclaimedCheckpoint")
     if reclaimed and spec.operating_mode == OperatingMode.RUNNING and hold is None:
         claim, resumed = resume_reclaimed(body, spec, elog, reclaimed)
@@ -276,13 +288,18 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         pod["metadata"].setdefault("annotations", {})[POD_BOOT_MS] = boot
 
     paused = spec.operating_mode == OperatingMode.PAUSED and old_status.get("phase") == "Paused"
-    if paused and spec.workspace.reclaim_on_pause and hold is None and pod is None and pvc and not reclaimed:
-        done = reclaim_workspace(body, claim)
+    idle_paused = spec is not user_spec
+    idle_checkpoint = idle_paused and user_spec.idle is not None and user_spec.idle.checkpoint
+    reclaim = spec.workspace.reclaim_on_pause or idle_checkpoint
+    if paused and reclaim and hold is None and pod is None and pvc and not reclaimed:
+        done = reclaim_workspace(
+            body, claim, idle.reclaim_name(name, idle_state or {}) if idle_paused else None
+        )
         if done:
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
-    seen = _observe_log(elog, pod, pvc)
+    seen = _observe_log(elog, pod, pvc, events)
     warning = _mount_warning(namespace, pod)
     if warning:
         seen = dataclasses.replace(seen, pod_warning=warning)
@@ -295,11 +312,17 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     if template_error:
         _override_ready(status, meta, "Failed", *template_error)
     status.update(extra)
+    if idle_state is not None or user_spec.idle is not None:
+        # {"paused": false} is what the API server stores for an empty status.idle (its default).
+        state = idle_state or {"paused": False}
+        status["idle"], status["conditions"] = _idle_status(body, user_spec, state, status)
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
         status.pop("workspaceClaimName", None)
         status.pop("restore", None)
     _commit(body, status)
+    if user_spec.idle is not None or idle_state is not None:
+        _schedule_idle(body, user_spec, status, events, hold is not None)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
         # Deferred import: the checkpoint controller builds on this module.
@@ -434,10 +457,10 @@ def reclaim_name(session: str, generation: int) -> str:
     return f"{session}-pause-{generation}"
 
 
-def reclaim_workspace(body: dict, claim: str) -> str | None:
+def reclaim_workspace(body: dict, claim: str, name: str | None = None) -> str | None:
     """Checkpoint a paused session's workspace, then delete the claim; the checkpoint's name once done."""
     meta = body["metadata"]
-    name = reclaim_name(meta["name"], meta.get("generation") or 0)
+    name = name or reclaim_name(meta["name"], meta.get("generation") or 0)
     ckpt = k8s.get_custom("checkpoints", meta["namespace"], name)
     if ckpt is None:
         k8s.create_custom(
@@ -610,9 +633,10 @@ def _mount_warning(namespace: str, pod: dict | None) -> str | None:
         return None
 
 
-def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed:
+def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: list[Event] | None = None) -> Observed:
     try:
-        events = elog.read(partial=True)
+        if events is None:
+            events = elog.read(partial=True)
         history = effective_history(events)
         summary = summarize(history)
         last = events[-1] if events else None
@@ -641,3 +665,117 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed
             approval_pending=False,
             runs=0,
         )
+
+
+# Sessions whose idle window (spec.idle.pauseAfter) ends before their next resync: a pass
+# then (handlers/session.py waits on it).
+idle_timers = DeadlineQueue()
+ACTIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
+
+
+def _idle_step(
+    body: dict, spec: SessionSpec, elog: EventLog, hold: tuple[str, str] | None
+) -> tuple[list[Event] | None, dict | None]:
+    """Pause an idle session, or wake an idle-paused one; (the log's events as read, or
+    None when unreadable; status.idle as it is now)."""
+    meta = body["metadata"]
+    old_status = body.get("status") or {}
+    state = old_status.get("idle")
+    generation = meta.get("generation")
+    try:
+        events = elog.read(partial=True)
+    except EventLogError:
+        return None, state  # the pass reports the log; nothing to decide from
+    if state and state.get("paused"):
+        if not idle.is_paused(state, generation):
+            metrics.wakes.labels("spec").inc()
+            k8s.post_event(body, idle.SPEC_CHANGED, "the spec changed: the idle pause ends, the spec decides")
+            return events, idle.woken_state(state, None)
+        wake = idle.waking_event(spec.idle, events, state.get("throughSequence") or 0)
+        if wake is None:
+            return events, state
+        metrics.wakes.labels("event").inc()
+        k8s.post_event(body, idle.WOKEN, f"event {wake.sequence} ({wake.type}) woke the session")
+        return events, idle.woken_state(state, wake)
+    policy = spec.idle
+    if policy is None or spec.operating_mode != OperatingMode.RUNNING or hold is not None:
+        return events, state
+    if old_status.get("phase") != SessionPhase.READY or _idle_left(policy, old_status, events) != 0:
+        return events, state
+    state = idle.paused_state(events, generation, now_rfc3339())
+    # Status before the side effect: whoever reads the Session while its Pod goes sees why.
+    k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state})
+    body.setdefault("status", {})["idle"] = state
+    metrics.idle_pauses.inc()
+    kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
+    k8s.post_event(body, idle.IDLE_PAUSED, f"no event for {policy.pause_after}: pausing ({kept})")
+    return events, state
+
+
+def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float | None:
+    """Seconds until the idle window ends (0 once it has); None while it cannot end (a run
+    or an approval open, or the session not Ready)."""
+    ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
+    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
+    if deadline is None or status.get("phase") != SessionPhase.READY:
+        return None
+    return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
+
+
+def _schedule_idle(body: dict, spec: SessionSpec, status: dict, events: list[Event] | None, held: bool) -> None:
+    """A pass when the idle window of a Ready session ends; none while it cannot end (the
+    next change to the log, the Pod or the spec brings a pass)."""
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    left = None
+    running = spec.operating_mode == OperatingMode.RUNNING and not held
+    asleep = idle.is_paused(status.get("idle"), meta.get("generation"))
+    if spec.idle is not None and running and events is not None and not asleep:
+        left = _idle_left(spec.idle, status, events)
+    if left is None:
+        idle_timers.drop(key)
+    else:
+        # A little after the window: the pass must find it over, not a millisecond short.
+        idle_timers.schedule(key, time.monotonic() + left + 0.05)
+
+
+def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tuple[dict, list]:
+    """status.idle and the conditions with Idle (and Ready, while idle-paused) saying why."""
+    generation = body["metadata"].get("generation")
+    conditions = status["conditions"]
+    paused = idle.is_paused(state, generation)
+    if paused:
+        wakes = (
+            f"an event of type {', '.join(spec.idle.wake_on_types)} wakes it"
+            if spec.idle is not None and spec.idle.wake_on_event
+            else "a change to its spec wakes it"
+        )
+        message = f"paused by the operator: no event since sequence {state.get('throughSequence')}; {wakes}"
+        conditions = [
+            {**c, "reason": idle.IDLE_PAUSED, "message": message} if c["type"] == ConditionType.READY else c
+            for c in conditions
+        ]
+    else:
+        message = (
+            f"active: pauses after {spec.idle.pause_after} with no new event and no run or approval open"
+            if spec.idle is not None
+            else "spec.idle is not set"
+        )
+    conditions = set_condition(
+        conditions, ConditionType.IDLE, paused, idle.IDLE_PAUSED if paused else idle.ACTIVE, message, generation
+    )
+    took = idle.wake_duration(state, datetime.now(UTC))
+    if took is not None and status.get("phase") in ACTIVE_PHASES:
+        metrics.wake_seconds.observe(took.total_seconds())
+        state = {
+            **state,
+            "wokenBySequence": None,
+            "wokenByType": None,
+            "wokenAt": None,
+            "lastWakeMs": int(took.total_seconds() * 1000),
+        }
+    # A merge patch removes a key written as null: send null only for a key that is there,
+    # so a pass that changes nothing finds status.idle equal and writes nothing.
+    old = (body.get("status") or {}).get("idle") or {}
+    return {k: v for k, v in state.items() if v is not None or k in old}, conditions

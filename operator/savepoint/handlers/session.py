@@ -40,6 +40,7 @@ resyncs = PollQueue(settings.resync_seconds)
 async def session_resync_clock(type: str | None, name: str, namespace: str, **_: object) -> None:
     if type == "DELETED":
         resyncs.drop((namespace, name))
+        reconcile.idle_timers.drop((namespace, name))
         forget("session", namespace, name)
     else:
         resyncs.file((namespace, name))
@@ -65,7 +66,18 @@ def session_resync_loop(**_: object) -> None:
             for key in resyncs.take_due():
                 resync(key)
 
+    def idle_loop() -> None:
+        # A pass when a Session's idle window ends (spec.idle), to the second, not at its
+        # next resync; a standby drops what falls due: the active replica has its own timers.
+        while True:
+            reconcile.idle_timers.wait(RESYNC_TICK_SECONDS)
+            active = peering.last_known(settings)
+            for key in reconcile.idle_timers.take_due():
+                if active:
+                    resync(key)
+
     threading.Thread(target=loop, name="session-resync", daemon=True).start()
+    threading.Thread(target=idle_loop, name="session-idle", daemon=True).start()
 
 
 RESYNC_TICK_SECONDS = 5.0
