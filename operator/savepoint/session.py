@@ -14,6 +14,7 @@ from savepoint import constants
 from savepoint.conditions import ConditionType, Reason, set_condition
 from savepoint.constants import API_VERSION, POD_BOOT_MS, POD_CREATED_MS, SESSION_LABEL
 from savepoint.models import OperatingMode, SessionPhase, SessionSpec
+from savepoint.usage import HeartbeatSeen, count_pauses
 
 MANAGED_BY = {constants.MANAGED_BY_LABEL: constants.MANAGED_BY}
 WORKSPACE_VOLUME = "workspace"
@@ -150,6 +151,8 @@ class Observed:
     runs: int
     last_run_completed: int = 0  # seq of the newest run.completed in the effective history
     latest_checkpoint: str | None = None  # named by the log's newest checkpoint.created
+    usage: dict[str, Any] | None = None  # usage.derive_usage of the log; None when unread
+    heartbeat: HeartbeatSeen | None = None  # None when no heartbeat object has been seen
 
 
 def pod_phase(pod: dict | None) -> str | None:
@@ -179,14 +182,22 @@ def child_digest(obj: dict[str, Any]) -> tuple:
 # Waiting reasons of the kubelet that no retry can cure: the image is not on the node and
 # may not be pulled, or its name cannot be parsed.
 TERMINAL_WAITING = frozenset({"ErrImageNeverPull", "InvalidImageName"})
-RETRIED_WAITING = frozenset({"ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError",
-                             "CreateContainerError", "RunContainerError", "CrashLoopBackOff"})
+RETRIED_WAITING = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+    }
+)
 
 
 def container_problem(pod: dict | None) -> tuple[bool, str] | None:
     """(terminal, message) when a sandbox container cannot start, naming it, its image and the
     kubelet's reason and message; None when every container is starting or running."""
-    statuses = ((pod or {}).get("status") or {})
+    statuses = (pod or {}).get("status") or {}
     for status in [*(statuses.get("initContainerStatuses") or []), *(statuses.get("containerStatuses") or [])]:
         waiting = (status.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason") or ""
@@ -272,8 +283,24 @@ def build_status(
     ready = phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
     conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, generation, now)
 
+    if seen.heartbeat is not None:
+        stale = running and seen.heartbeat.stale
+        conditions = set_condition(
+            conditions,
+            ConditionType.HEARTBEAT_STALE,
+            stale,
+            Reason.HEARTBEAT_STALE if stale else (Reason.HEARTBEAT_FRESH if running else Reason.SANDBOX_NOT_RUNNING),
+            seen.heartbeat.message(running),
+            generation,
+            now,
+        )
+
     usage = dict(old.get("usage") or {})
-    usage["runs"] = seen.runs
+    if seen.usage is not None:
+        usage.update(seen.usage)
+    else:
+        usage["runs"] = seen.runs
+    usage["pauses"] = count_pauses(old.get("phase"), phase.value, int(usage.get("pauses") or 0))
     boot = ((seen.pod or {}).get("metadata", {}).get("annotations") or {}).get(POD_BOOT_MS)
     if boot is not None:
         usage["bootMs"] = int(boot)
@@ -293,4 +320,6 @@ def build_status(
         }
     if seen.latest_checkpoint:
         status["latestCheckpoint"] = seen.latest_checkpoint
+    if seen.heartbeat is not None:
+        status["resources"] = seen.heartbeat.resources
     return status

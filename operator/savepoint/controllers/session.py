@@ -7,6 +7,7 @@ what it observes.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from savepoint.constants import (
     THROUGH_SEQUENCE_ANNOTATION,
     Reason,
 )
-from savepoint.controllers import has_run, object_lock, one_pass, sandbox
+from savepoint.controllers import has_run, heartbeat, object_lock, one_pass, sandbox
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog, effective_history, summarize
@@ -44,6 +45,7 @@ from savepoint.session import (
     pod_name,
     pod_phase,
 )
+from savepoint.usage import derive_usage
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +263,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
-    seen = _observe_log(elog, pod, pvc)
+    seen = dataclasses.replace(_observe_log(elog, pod, pvc), heartbeat=heartbeat.seen(namespace, name))
     if elog.listed:
         # Widen the sandbox's Role from this pass's own listing: no request unless it must grow.
         sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
@@ -276,6 +278,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         status.pop("workspaceClaimName", None)
         status.pop("restore", None)
     _commit(body, status)
+    heartbeat.reflected(namespace, name, seen.heartbeat)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
         # Deferred import: the checkpoint controller builds on this module.
@@ -505,6 +508,7 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None) -> Observed
             runs=summary["runs"],
             last_run_completed=completed[-1] if completed else 0,
             latest_checkpoint=latest,
+            usage=derive_usage(events),
         )
     except EventLogError as err:
         return Observed(
