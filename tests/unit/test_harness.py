@@ -244,15 +244,18 @@ def test_serve_keeps_serving_when_its_heartbeat_cannot_be_written(tmp_path: Path
         stderr=subprocess.PIPE,
         text=True,
     )
+    watchdog = threading.Timer(30, proc.kill)  # a line that never comes fails, not hangs
+    watchdog.start()
     try:
-        assert proc.stdout is not None
+        assert proc.stdout is not None and proc.stderr is not None
         assert "heartbeat every 0.2s" in proc.stdout.readline()
-        time.sleep(1.0)
+        said = proc.stderr.readline()
+        assert "heartbeat not written" in said and "SAVEPOINT_NAMESPACE" in said
+        time.sleep(1.0)  # five more beats, all failing
         assert proc.poll() is None
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
-        assert proc.stderr is not None
-        said = proc.stderr.read()
-        assert said.count("heartbeat not written") == 1 and "SAVEPOINT_NAMESPACE" in said
+        assert "heartbeat not written" not in proc.stderr.read()  # said once
     finally:
+        watchdog.cancel()
         proc.kill()

@@ -178,6 +178,7 @@ def reconcile_session(namespace: str, name: str, seen: dict[str, Any] | None = N
         fresh = seen is not None and not has_run("session", namespace, name)
         body = seen if fresh else k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            heartbeat.forget(namespace, name)  # else the heartbeat loop would ask again
             return None
         children = ResumeChildren(namespace, name) if fresh and resumed else None
         _reconcile(body, children)
