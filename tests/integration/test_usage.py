@@ -9,11 +9,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import watch as k8s_watch
 
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
@@ -183,6 +185,43 @@ def in_sandbox(namespace: str, pod: str, *args: str, raw: bool = False) -> subpr
     return done
 
 
+def count_writes(core, crds, namespace: str, session: str, seconds: float) -> dict[str, int]:
+    """MODIFIED events of the Session and of its heartbeat object over `seconds`."""
+    counts = {"session": 0, "heartbeat": 0}
+
+    def watch(kind: str, list_fn, **kwargs) -> None:
+        end = time.monotonic() + seconds
+        stream = k8s_watch.Watch()
+        for event in stream.stream(list_fn, namespace, timeout_seconds=int(seconds) + 5, **kwargs):
+            if time.monotonic() > end:
+                break
+            if event["type"] == "MODIFIED":
+                counts[kind] += 1
+        stream.stop()
+
+    def sessions(ns: str, **kwargs):
+        return crds.list_namespaced_custom_object(GROUP, VERSION, ns, "sessions", **kwargs)
+
+    version = crds.list_namespaced_custom_object(GROUP, VERSION, namespace, "sessions")["metadata"]["resourceVersion"]
+    threads = [
+        threading.Thread(
+            target=watch,
+            args=("session", sessions),
+            kwargs={"resource_version": version, "field_selector": f"metadata.name={session}"},
+        ),
+        threading.Thread(
+            target=watch,
+            args=("heartbeat", core.list_namespaced_config_map),
+            kwargs={"field_selector": f"metadata.name={session}-heartbeat"},
+        ),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return counts
+
+
 def test_serve_on_the_real_node_fills_resources_and_a_silent_harness_goes_stale(quick_operator, core, crds, namespace):
     nodes = core.list_node(label_selector="type=real").items
     if not any(c.type == "Ready" and c.status == "True" for n in nodes for c in n.status.conditions):
@@ -214,6 +253,12 @@ def test_serve_on_the_real_node_fills_resources_and_a_silent_harness_goes_stale(
     assert grown["sampledAt"] > first["sampledAt"]
     body = get_session(crds, namespace, "beat")
     assert condition(body, "HeartbeatStale")["status"] == "False"
+
+    # A heartbeat a second, the Session written at most once per interval: no pass per beat.
+    window = 12
+    writes = count_writes(core, crds, namespace, "beat", window)
+    assert writes["heartbeat"] >= 8, writes
+    assert writes["session"] <= window / INTERVAL_SECONDS + 1, writes
 
     # The reference harness puts its token usage on its agent messages.
     turn = json.loads(in_sandbox(namespace, "beat", "turn", "--message", "plan", "--input-tokens", "1200",
