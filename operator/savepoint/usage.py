@@ -69,17 +69,20 @@ def nearest_rank(values: Sequence[int], fraction: float) -> int | None:
 def _take(open_: dict[str | None, list[Event]], ident: str | None) -> Event | None:
     """The opening event an answer closes: same id, else the oldest without an id, else
     (for an answer without an id) the oldest open one: summarize()'s matching."""
+    key: str | None
     if ident is not None and open_.get(ident):
-        return open_[ident].pop(0)
-    if open_.get(None):
-        return open_[None].pop(0)
-    if ident is None:
-        oldest = min((q[0] for q in open_.values() if q), key=lambda e: e.seq, default=None)
-        if oldest is not None:
-            for queue in open_.values():
-                if queue and queue[0] is oldest:
-                    return queue.pop(0)
-    return None
+        key = ident
+    elif open_.get(None):
+        key = None
+    elif ident is None and open_:
+        key = min(open_, key=lambda k: open_[k][0].seq)
+    else:
+        return None
+    queue = open_[key]
+    event = queue.pop(0)
+    if not queue:
+        del open_[key]  # only open ones stay: the search above is over what is open
+    return event
 
 
 def _ident(data: dict[str, Any], key: str) -> str | None:
