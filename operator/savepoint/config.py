@@ -81,6 +81,13 @@ class Settings:
     # the rest; each resync is a pass of about 5 requests, so sessions / interval passes
     # per second at rest).
     resync_seconds: float = field(default_factory=lambda: float(_env("RESYNC_SECONDS", "600")))
+    # Seconds after which a sandbox's heartbeat (the `<session>-heartbeat` object its harness
+    # writes, [event-log.md](docs/event-log.md#heartbeat)) counts as stale: the Session gets
+    # the condition `HeartbeatStale` (its phase does not change).
+    heartbeat_stale_seconds: float = field(default_factory=lambda: float(_env("HEARTBEAT_STALE_SECONDS", "60")))
+    # Least seconds between two writes of one Session's `status.resources` from its
+    # heartbeat: samples in between are not written (the newest is, at the next write).
+    resources_interval_seconds: float = field(default_factory=lambda: float(_env("RESOURCES_INTERVAL_SECONDS", "30")))
     # Client-side rate limit of the operator's own API requests per second, as client-go's
     # QPS (`0` turns it off). kopf's own requests (its watch streams) are not counted.
     api_qps: float = field(default_factory=lambda: float(_env("API_QPS", "100")))

@@ -40,6 +40,11 @@ RECLAIM_LABEL = "savepoint.dev/reclaim"
 # On a Session a Fork made: the source session's name.
 PARENT_SESSION_LABEL = "savepoint.dev/parent-session"
 
+# The one ConfigMap a sandbox writes its resource samples to: `<session>-heartbeat`,
+# labelled SESSION_LABEL, its sample a JSON object under this data key (savepoint.usage).
+HEARTBEAT_SUFFIX = "-heartbeat"
+HEARTBEAT_KEY = "sample"
+
 # --- annotations -----------------------------------------------------------------------
 
 # Namespace (workspace) policy, DESIGN section 6.
@@ -72,6 +77,7 @@ class ConditionType(StrEnum):
     POD_RUNNING = "PodRunning"
     EVENT_LOG_READABLE = "EventLogReadable"
     IDLE = "Idle"  # spec.idle: True while the operator keeps the session paused for idleness
+    HEARTBEAT_STALE = "HeartbeatStale"
 
 
 class Reason(StrEnum):
@@ -97,6 +103,9 @@ class Reason(StrEnum):
     LOG_UNAVAILABLE = "LogUnavailable"
     INVALID_POD_TEMPLATE = "InvalidPodTemplate"
     POD_TEMPLATE_FORBIDDEN = "PodTemplateForbidden"
+    HEARTBEAT_STALE = "HeartbeatStale"  # the sandbox's heartbeat stopped
+    HEARTBEAT_FRESH = "HeartbeatFresh"
+    SANDBOX_NOT_RUNNING = "SandboxNotRunning"  # no Pod running: no heartbeat expected
     # Checkpoint
     SNAPSHOTTING = "Snapshotting"
     SNAPSHOT_READY = "SnapshotReady"

@@ -68,6 +68,7 @@ RUN_STARTED = "run.started"
 RUN_COMPLETED = "run.completed"
 APPROVAL_REQUEST = "agent.approval_request"
 APPROVAL = "user.approval"
+INTERRUPT = "user.interrupt"
 
 KEY_DIGITS = 12
 MAX_SEQ = 10**KEY_DIGITS - 1

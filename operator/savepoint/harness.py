@@ -6,10 +6,14 @@ sandbox's own ServiceAccount, from the environment the operator injects) and wri
 work into the workspace volume crash-consistently, so a checkpoint taken at any moment
 restores each file whole or not at all. docs/event-log.md describes it.
 
-    serve                           the container's main process: wait for SIGTERM
+    serve                           the container's main process: wait for SIGTERM,
+                                    writing a heartbeat every SAVEPOINT_HEARTBEAT_SECONDS
     turn --message TEXT [--reply TEXT] [--write PATH=CONTENT ...]
-                                    one run: run.started, user.message, agent.message,
-                                    the files, run.completed; prints the seqs as JSON
+         [--input-tokens N] [--output-tokens N]
+                                    one run: run.started, user.message, agent.message
+                                    (with its token usage), the files, run.completed;
+                                    prints the seqs as JSON
+    heartbeat                       write one resource sample now; prints it
     write PATH CONTENT              write one workspace file atomically
     read PATH                       print a workspace file (exit 1 when absent)
     append TYPE JSON [--subject S]  append one event; prints it
@@ -28,15 +32,22 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 WORKSPACE_ENV = "SAVEPOINT_WORKSPACE"
 DEFAULT_WORKSPACE = "/workspace"
+HEARTBEAT_ENV = "SAVEPOINT_HEARTBEAT_SECONDS"
+DEFAULT_HEARTBEAT_SECONDS = 10.0
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# cgroup v1 says "no limit" with LONG_MAX rounded down to a page; anything this large is none.
+UNLIMITED = 2**62
 RECORD_MAGIC = b"savepoint-harness-record"
 
 # verify's exit codes
@@ -166,7 +177,25 @@ def open_log() -> Any:
     return EventLog.from_env()
 
 
-def turn(log: Any, message: str, reply: str | None, writes: Sequence[tuple[str, str]], root: Path) -> dict[str, Any]:
+def token_usage(message: str, reply: str, input_tokens: int | None, output_tokens: int | None) -> dict[str, int]:
+    """The `data.usage` of an agent.message (docs/event-log.md): what one model call spent.
+    This agent calls no model, so unless told it counts words as tokens."""
+    return {
+        "inputTokens": len(message.split()) if input_tokens is None else input_tokens,
+        "outputTokens": len(reply.split()) if output_tokens is None else output_tokens,
+        "llmCalls": 1,
+    }
+
+
+def turn(
+    log: Any,
+    message: str,
+    reply: str | None,
+    writes: Sequence[tuple[str, str]],
+    root: Path,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+) -> dict[str, Any]:
     """One run of the reference "agent": it answers, writes its files, and closes the run.
     A failure after run.started still closes the run (with the error), so the Session
     does not stay Running forever."""
@@ -178,7 +207,8 @@ def turn(log: Any, message: str, reply: str | None, writes: Sequence[tuple[str, 
     files = [str(t.relative_to(root)) for t, _ in targets]
     try:
         text = reply if reply is not None else f"echo: {message}"
-        agent = log.append("agent.message", {"runId": run_id, "text": text, "files": files})
+        spent = token_usage(message, text, input_tokens, output_tokens)
+        agent = log.append("agent.message", {"runId": run_id, "text": text, "files": files, "usage": spent})
         for target, content in targets:
             write_atomic(target, content.encode())
     except BaseException as err:
@@ -205,6 +235,139 @@ def parse_object(text: str) -> dict[str, Any]:
     return data
 
 
+# ---------------------------------------------------------------------- heartbeat
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def memory(root: Path = CGROUP_ROOT) -> tuple[int | None, int | None]:
+    """(bytes used, limit or None) of this container's memory cgroup: cgroup v2's
+    memory.current and memory.max at the root, else v1's memory.usage_in_bytes and
+    memory.limit_in_bytes under memory/ (both count the page cache, as the kubelet does)."""
+    if (root / "memory.current").exists():
+        used = _read_int(root / "memory.current")
+        limit = _read_int(root / "memory.max")  # "max": no limit
+    else:
+        used = _read_int(root / "memory" / "memory.usage_in_bytes")
+        limit = _read_int(root / "memory" / "memory.limit_in_bytes")
+    return used, (limit if limit is not None and limit < UNLIMITED else None)
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes the files under root take on disk (allocated blocks, as `du`), not following
+    symbolic links nor leaving root's filesystem. A shared filesystem's own figures
+    (statvfs) would count every volume on it, so the tree is walked."""
+    try:
+        device = os.lstat(root).st_dev
+    except OSError:
+        return 0
+    total = 0
+    stack = [str(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            continue  # gone, or unreadable: counted as nothing
+        with entries:
+            for entry in entries:
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                total += info.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False) and info.st_dev == device:
+                    stack.append(entry.path)
+    return total + os.lstat(root).st_blocks * 512
+
+
+def sample(root: Path, cgroup: Path = CGROUP_ROOT) -> dict[str, Any]:
+    """One heartbeat sample: status.resources as the operator reflects it."""
+    from savepoint.eventlog import format_time
+
+    used, limit = memory(cgroup)
+    out: dict[str, Any] = {"load1": round(os.getloadavg()[0], 2)}
+    if used is not None:
+        out["memBytes"] = used
+    if limit is not None:
+        out["memLimitBytes"] = limit
+    out["diskBytes"] = disk_usage(root)
+    out["sampledAt"] = format_time(datetime.now(UTC))
+    return out
+
+
+def write_heartbeat(log: Any, beat: dict[str, Any]) -> None:
+    """Put the sample into the session's one heartbeat object, `<session>-heartbeat`: a
+    patch, or the create of it the first time (the sandbox's Role and the admission
+    policy allow exactly this object, docs/security.md)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from savepoint.constants import HEARTBEAT_KEY, HEARTBEAT_SUFFIX, MANAGED_BY, MANAGED_BY_LABEL, SESSION_LABEL
+
+    name = f"{log.session}{HEARTBEAT_SUFFIX}"
+    data = {HEARTBEAT_KEY: json.dumps(beat, separators=(",", ":"))}
+    for _ in range(3):
+        try:
+            log.core.patch_namespaced_config_map(
+                name, log.namespace, {"data": data}, _content_type="application/merge-patch+json", _request_timeout=10
+            )
+            return
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        meta: dict[str, Any] = {"name": name, "labels": {SESSION_LABEL: log.session, MANAGED_BY_LABEL: MANAGED_BY}}
+        if log.owner:
+            meta["ownerReferences"] = [log.owner]
+        try:
+            log.core.create_namespaced_config_map(
+                log.namespace,
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data},
+                _request_timeout=10,
+            )
+            return
+        except ApiException as err:
+            if err.status != 409:  # 409: made meanwhile (another beat): patch it
+                raise
+    raise HarnessError(f"could not write {name}")
+
+
+def heartbeat_seconds() -> float:
+    """SAVEPOINT_HEARTBEAT_SECONDS: seconds between two heartbeats of serve (default 10; 0
+    turns them off)."""
+    raw = os.environ.get(HEARTBEAT_ENV, "")
+    try:
+        value = float(raw) if raw else DEFAULT_HEARTBEAT_SECONDS
+    except ValueError:
+        raise HarnessError(f"{HEARTBEAT_ENV}={raw!r}: expected a number of seconds") from None
+    if value < 0:
+        raise HarnessError(f"{HEARTBEAT_ENV}={raw!r}: must not be negative")
+    return value
+
+
+def heartbeats(interval: float, root: Path, stop: threading.Event) -> None:
+    """Write a sample now and every interval until stop is set. A failed write is said on
+    stderr (once per kind of error) and tried again at the next beat: serve keeps serving."""
+    said: set[str] = set()
+    log = None
+    while True:
+        try:
+            log = log or open_log()
+            write_heartbeat(log, sample(root))
+        except Exception as err:  # the API server away, a Role without the heartbeat, ...
+            kind = f"{type(err).__name__}: {getattr(err, 'status', '')}"
+            if kind not in said:
+                said.add(kind)
+                print(f"savepoint harness: heartbeat not written: {type(err).__name__}: {err}", file=sys.stderr)
+        if stop.wait(interval):
+            return
+
+
 # -------------------------------------------------------------------------- serve
 
 
@@ -228,9 +391,18 @@ def serve() -> int:
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGCHLD, on_child)
     session = f"{os.environ.get('SAVEPOINT_NAMESPACE', '?')}/{os.environ.get('SAVEPOINT_SESSION', '?')}"
-    print(f"savepoint harness serving session {session}, workspace {workspace()}", flush=True)
+    interval = heartbeat_seconds()
+    print(
+        f"savepoint harness serving session {session}, workspace {workspace()}, "
+        f"heartbeat {f'every {interval:g}s' if interval else 'off'}",
+        flush=True,
+    )
+    stopped = threading.Event()
+    if interval:
+        threading.Thread(target=heartbeats, args=(interval, workspace(), stopped), daemon=True).start()
     while not stop:
         signal.pause()
+    stopped.set()
     print("savepoint harness stopping", flush=True)
     return 0
 
@@ -246,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--message", required=True, help="the user's message")
     t.add_argument("--reply", help="the agent's answer (default: 'echo: MESSAGE')")
     t.add_argument("--write", action="append", default=[], metavar="PATH=CONTENT", help="a file to write")
+    t.add_argument("--input-tokens", type=int, help="tokens the model call read (default: the message's words)")
+    t.add_argument("--output-tokens", type=int, help="tokens it wrote (default: the reply's words)")
+    sub.add_parser("heartbeat", help="write one resource sample to the session's heartbeat object")
     w = sub.add_parser("write", help="write a workspace file atomically")
     w.add_argument("path")
     w.add_argument("content")
@@ -271,7 +446,15 @@ def run(argv: Sequence[str] | None = None) -> int:
         return serve()
     if args.command == "turn":
         writes = [parse_assignment(item) for item in args.write]
-        print(json.dumps(turn(open_log(), args.message, args.reply, writes, root)))
+        for flag, value in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens)):
+            if value is not None and value < 0:
+                raise HarnessError(f"{flag} must not be negative")
+        got = turn(open_log(), args.message, args.reply, writes, root, args.input_tokens, args.output_tokens)
+        print(json.dumps(got))
+    elif args.command == "heartbeat":
+        beat = sample(root)
+        write_heartbeat(open_log(), beat)
+        print(json.dumps(beat))
     elif args.command == "write":
         target = resolve(args.path, root)
         write_atomic(target, args.content.encode())

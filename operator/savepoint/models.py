@@ -236,11 +236,48 @@ class RestoreStatus(Model):
     through_sequence: int | None = None
 
 
+class RunDurations(Model):
+    p50: int | None = None
+    max: int | None = None
+
+
+class ApprovalUsage(Model):
+    requested: int = 0
+    approved: int = 0
+    denied: int = 0
+    wait_ms_total: int = 0
+
+
+class TokenUsage(Model):
+    input: int = 0
+    output: int = 0
+    total: int = 0
+
+
 class UsageStatus(Model):
+    """The operator's clock (bootMs, restoreMs, snapshotMs, pauses) and the log (the rest:
+    savepoint.usage.derive_usage; the event shapes are in docs/event-log.md)."""
+
     boot_ms: int | None = None
     restore_ms: int | None = None
     snapshot_ms: int | None = None
     runs: int = 0
+    run_duration_ms: RunDurations | None = None
+    interrupts: int = 0
+    pauses: int = 0
+    approvals: ApprovalUsage | None = None
+    tokens: TokenUsage | None = None
+    llm_calls: int = 0
+
+
+class ResourcesStatus(Model):
+    """The newest sample of the sandbox's own heartbeat (savepoint.usage.parse_sample)."""
+
+    load1: float | None = None
+    mem_bytes: int | None = None
+    mem_limit_bytes: int | None = None
+    disk_bytes: int | None = None
+    sampled_at: str | None = None
 
 
 class IdleStatus(Model):
@@ -274,6 +311,7 @@ class SessionStatus(Model):
     reclaimed_checkpoint: str | None = None
     idle: IdleStatus | None = None
     usage: UsageStatus | None = None
+    resources: ResourcesStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 

@@ -6,8 +6,11 @@ by name, so the Role grants:
 
 - get/patch/update on the session's chunk names, 000001 up to the newest chunk plus a
   lookahead window, widened by the Session controller as the log grows;
+- patch on its heartbeat object `<session>-heartbeat` (savepoint.usage: its resource
+  samples);
 - create on configmaps, which the chart's ValidatingAdmissionPolicy narrows to this
-  session's next chunks (name `<session>-log-<6 digits>`, label savepoint.dev/session).
+  session's next chunks (name `<session>-log-<6 digits>`) and its heartbeat object, all
+  labelled savepoint.dev/session.
 
 Nothing here talks to the API server (savepoint.k8s does).
 """
@@ -17,7 +20,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from savepoint.constants import HEARTBEAT_SUFFIX
 from savepoint.session import MANAGED_BY, SANDBOX_ACCOUNT_PREFIX, SESSION_LABEL, owner_reference, sandbox_account
+from savepoint.usage import heartbeat_name
 
 ACCOUNT_PREFIX = SANDBOX_ACCOUNT_PREFIX
 # Chunks a sandbox may use beyond the newest one before the operator widens its Role.
@@ -53,8 +58,11 @@ def needs_widening(granted: int, newest: int, lookahead: int = LOOKAHEAD) -> boo
 
 
 def granted_window(role: dict[str, Any] | None) -> int:
-    """The highest chunk index a sandbox Role built here covers; 0 for none."""
+    """The highest chunk index a sandbox Role built here covers; 0 for none, and for a
+    Role without the heartbeat rule (made by an older operator), so that it is rewritten."""
     names = [n for rule in (role or {}).get("rules") or [] for n in rule.get("resourceNames") or []]
+    if not any(n.endswith(HEARTBEAT_SUFFIX) for n in names):
+        return 0
     indices = [int(m[1]) for m in (_CHUNK_RE.search(n) for n in names) if m]
     return max(indices, default=0)
 
@@ -84,6 +92,12 @@ def role_rules(session: str, upto: int) -> list[dict[str, Any]]:
         # Not limited by name (RBAC cannot): the admission policy limits it to this
         # session's own chunks.
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "verbs": ["patch"],
+            "resourceNames": [heartbeat_name(session)],
+        },
     ]
 
 

@@ -14,6 +14,7 @@ from savepoint import constants
 from savepoint.conditions import ConditionType, Reason, set_condition
 from savepoint.constants import API_VERSION, POD_BOOT_MS, POD_CREATED_MS, SESSION_LABEL
 from savepoint.models import SANDBOX_ACCOUNT_PREFIX, OperatingMode, SessionPhase, SessionSpec
+from savepoint.usage import HeartbeatSeen, count_pauses
 
 MANAGED_BY = {constants.MANAGED_BY_LABEL: constants.MANAGED_BY}
 WORKSPACE_VOLUME = "workspace"
@@ -151,6 +152,8 @@ class Observed:
     last_run_completed: int = 0  # seq of the newest run.completed in the effective history
     latest_checkpoint: str | None = None  # named by the log's newest checkpoint.created
     pod_warning: str | None = None  # the kubelet's FailedMount of a Pod that stays Pending
+    usage: dict[str, Any] | None = None  # usage.derive_usage of the log; None when unread
+    heartbeat: HeartbeatSeen | None = None  # None when no heartbeat object has been seen
 
 
 def pod_phase(pod: dict | None) -> str | None:
@@ -287,8 +290,24 @@ def build_status(
     ready = phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
     conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, generation, now)
 
+    if seen.heartbeat is not None:
+        stale = running and seen.heartbeat.stale
+        conditions = set_condition(
+            conditions,
+            ConditionType.HEARTBEAT_STALE,
+            stale,
+            Reason.HEARTBEAT_STALE if stale else (Reason.HEARTBEAT_FRESH if running else Reason.SANDBOX_NOT_RUNNING),
+            seen.heartbeat.message(running),
+            generation,
+            now,
+        )
+
     usage = dict(old.get("usage") or {})
-    usage["runs"] = seen.runs
+    if seen.usage is not None:
+        usage.update(seen.usage)
+    else:
+        usage["runs"] = seen.runs
+    usage["pauses"] = count_pauses(old.get("phase"), phase.value, int(usage.get("pauses") or 0))
     boot = ((seen.pod or {}).get("metadata", {}).get("annotations") or {}).get(POD_BOOT_MS)
     if boot is not None:
         usage["bootMs"] = int(boot)
@@ -308,4 +327,6 @@ def build_status(
         }
     if seen.latest_checkpoint:
         status["latestCheckpoint"] = seen.latest_checkpoint
+    if seen.heartbeat is not None:
+        status["resources"] = seen.heartbeat.resources
     return status

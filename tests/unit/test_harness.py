@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -150,3 +151,111 @@ def test_harness_never_imports_kopf() -> None:
     code = "import sys, savepoint.harness, savepoint.eventlog; print('kopf' in sys.modules)"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert got.stdout.strip() == "False"
+
+
+# --------------------------------------------------------- heartbeat sampling
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_memory_from_a_cgroup_v1_tree(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"memory/memory.usage_in_bytes": "1048576\n", "memory/memory.limit_in_bytes": "268435456\n"})
+    assert harness.memory(root) == (1048576, 268435456)
+    # No limit: v1 says LONG_MAX rounded down to a page.
+    (root / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert harness.memory(root) == (1048576, None)
+
+
+def test_memory_from_a_cgroup_v2_tree(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"memory.current": "4096\n", "memory.max": "max\n"})
+    assert harness.memory(root) == (4096, None)
+    (root / "memory.max").write_text("536870912\n")
+    assert harness.memory(root) == (4096, 536870912)
+
+
+def test_memory_of_no_cgroup_is_unknown(tmp_path: Path) -> None:
+    assert harness.memory(tmp_path) == (None, None)
+
+
+def test_memory_of_this_machines_own_cgroup() -> None:
+    used, limit = harness.memory()
+    assert used is not None and used > 0, "this process's memory cgroup was not found under /sys/fs/cgroup"
+    assert limit is None or limit > 0
+
+
+def test_disk_usage_counts_allocated_blocks_and_follows_no_link(tmp_path: Path) -> None:
+    empty = harness.disk_usage(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "big").write_bytes(os.urandom(1024 * 1024))
+    (tmp_path / "link").symlink_to("/usr")  # not followed: /usr is not the workspace
+    grown = harness.disk_usage(tmp_path)
+    assert 1024 * 1024 <= grown - empty < 2 * 1024 * 1024
+    (tmp_path / "a" / "big").unlink()
+    assert harness.disk_usage(tmp_path) - empty < 64 * 1024
+    assert harness.disk_usage(tmp_path / "absent") == 0
+
+
+def test_a_sample_has_the_fields_status_resources_reflects(tmp_path: Path) -> None:
+    from savepoint.usage import parse_sample
+
+    cgroup = _tree(tmp_path / "cg", {"memory.current": "2048", "memory.max": "8192"})
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "f").write_bytes(b"x" * 10000)
+    got = harness.sample(tmp_path / "ws", cgroup)
+    assert set(got) == {"load1", "memBytes", "memLimitBytes", "diskBytes", "sampledAt"}
+    assert (got["memBytes"], got["memLimitBytes"]) == (2048, 8192) and got["diskBytes"] >= 10000
+    assert got["load1"] >= 0
+    # What the operator keeps of it is all of it.
+    assert parse_sample({"sample": json.dumps(got)}) == got
+
+
+def test_heartbeat_interval_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SAVEPOINT_HEARTBEAT_SECONDS", raising=False)
+    assert harness.heartbeat_seconds() == 10
+    monkeypatch.setenv("SAVEPOINT_HEARTBEAT_SECONDS", "0")
+    assert harness.heartbeat_seconds() == 0
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv("SAVEPOINT_HEARTBEAT_SECONDS", bad)
+        with pytest.raises(HarnessError, match="SAVEPOINT_HEARTBEAT_SECONDS"):
+            harness.heartbeat_seconds()
+
+
+def test_token_usage_of_an_agent_message() -> None:
+    assert harness.token_usage("plan the work", "ok", None, None) == {
+        "inputTokens": 3,
+        "outputTokens": 1,
+        "llmCalls": 1,
+    }
+    assert harness.token_usage("a", "b", 1200, 340) == {"inputTokens": 1200, "outputTokens": 340, "llmCalls": 1}
+
+
+def test_serve_keeps_serving_when_its_heartbeat_cannot_be_written(tmp_path: Path) -> None:
+    # No session env: every beat fails; serve says so once on stderr and still stops on SIGTERM.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAVEPOINT_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "savepoint.harness", "serve"],
+        env={**env, "SAVEPOINT_WORKSPACE": str(tmp_path), "SAVEPOINT_HEARTBEAT_SECONDS": "0.2"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    watchdog = threading.Timer(30, proc.kill)  # a line that never comes fails, not hangs
+    watchdog.start()
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert "heartbeat every 0.2s" in proc.stdout.readline()
+        said = proc.stderr.readline()
+        assert "heartbeat not written" in said and "SAVEPOINT_NAMESPACE" in said
+        time.sleep(1.0)  # five more beats, all failing
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert "heartbeat not written" not in proc.stderr.read()  # said once
+    finally:
+        watchdog.cancel()
+        proc.kill()

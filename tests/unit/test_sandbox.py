@@ -27,7 +27,7 @@ def test_role_names_only_this_sessions_chunks():
     role = sandbox.build_role(BODY, 3)
     assert role["metadata"]["name"] == "savepoint-sandbox-s1"
     assert role["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    named, create = role["rules"]
+    named, create, _heartbeat = role["rules"]
     assert named == {
         "apiGroups": [""],
         "resources": ["configmaps"],

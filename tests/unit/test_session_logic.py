@@ -89,7 +89,7 @@ def test_status_carries_cursor_usage_and_conditions():
     status = build_status(BODY, spec(), seen(pod=pod), "s1-workspace", now="2026-01-01T00:00:00Z")
     assert status["phase"] == "Ready"
     assert status["eventLog"] == {"lastSequence": 4, "lastEventId": "e4", "chunks": 1}
-    assert status["usage"] == {"runs": 2, "bootMs": 850}
+    assert status["usage"] == {"runs": 2, "bootMs": 850, "pauses": 0}
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True" and ready["observedGeneration"] == 3
 

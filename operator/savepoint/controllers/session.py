@@ -27,7 +27,7 @@ from savepoint.constants import (
     THROUGH_SEQUENCE_ANNOTATION,
     Reason,
 )
-from savepoint.controllers import has_run, object_lock, one_pass, sandbox
+from savepoint.controllers import has_run, heartbeat, object_lock, one_pass, sandbox
 from savepoint.controllers.logs import event_log
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
@@ -51,6 +51,7 @@ from savepoint.session import (
     pod_phase,
     sandbox_account,
 )
+from savepoint.usage import derive_usage
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,7 @@ def reconcile_session(
         fresh = seen is not None and not has_run("session", namespace, name)
         body = seen if fresh else k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
+            heartbeat.forget(namespace, name)  # else the heartbeat loop would ask again
             return None
         children = ResumeChildren(namespace, name) if fresh and resumed else None
         _reconcile(body, children)
@@ -299,7 +301,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
-    seen = _observe_log(elog, pod, pvc, events)
+    seen = dataclasses.replace(_observe_log(elog, pod, pvc, events), heartbeat=heartbeat.seen(namespace, name))
     warning = _mount_warning(namespace, pod)
     if warning:
         seen = dataclasses.replace(seen, pod_warning=warning)
@@ -323,6 +325,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     _commit(body, status)
     if user_spec.idle is not None or idle_state is not None:
         _schedule_idle(body, user_spec, status, events, hold is not None)
+    heartbeat.reflected(namespace, name, seen.heartbeat)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
         # Deferred import: the checkpoint controller builds on this module.
@@ -653,6 +656,7 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: lis
             runs=summary["runs"],
             last_run_completed=completed[-1] if completed else 0,
             latest_checkpoint=latest,
+            usage=derive_usage(events),
         )
     except EventLogError as err:
         return Observed(

@@ -8,14 +8,15 @@ import time
 
 import kopf
 
-from savepoint import peering
+from savepoint import k8s, peering
 from savepoint.config import load
-from savepoint.controllers import forget
+from savepoint.controllers import forget, heartbeat
 from savepoint.controllers import session as reconcile
 from savepoint.metrics import count_errors
 from savepoint.models import GROUP, VERSION
 from savepoint.polling import PollQueue
 from savepoint.session import SESSION_LABEL
+from savepoint.usage import HeartbeatSeen, heartbeat_session
 
 SESSIONS = (GROUP, VERSION, "sessions")
 settings = load()
@@ -42,6 +43,7 @@ async def session_resync_clock(type: str | None, name: str, namespace: str, **_:
         resyncs.drop((namespace, name))
         reconcile.idle_timers.drop((namespace, name))
         forget("session", namespace, name)
+        heartbeat.forget(namespace, name)
     else:
         resyncs.file((namespace, name))
 
@@ -100,12 +102,51 @@ def resync_all_after_relist() -> None:
         resyncs.hurry()
 
 
+def _is_heartbeat(body: kopf.Body, **_: object) -> bool:
+    return heartbeat_session(dict(body)) is not None
+
+
+@kopf.on.event("", "v1", "configmaps", labels={SESSION_LABEL: kopf.PRESENT}, when=_is_heartbeat)
+async def session_heartbeat_event(type: str | None, body: kopf.Body, **_: object) -> None:
+    # In memory only: the heartbeat loop below writes the Session's status.
+    heartbeat.observe(type, dict(body))
+
+
+@kopf.on.startup()
+def session_heartbeat_loop(**_: object) -> None:
+    """Reflect the sandboxes' heartbeats into their Sessions (controllers/heartbeat.py)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(heartbeat.tick_seconds())
+            if not peering.last_known(settings):
+                continue
+            passes, patches = heartbeat.due()
+            for key in passes:
+                try:
+                    with count_errors("session"):
+                        reconcile.reconcile_session(*key)
+                except Exception:  # counted; the next tick tries again
+                    reconcile.log.exception("heartbeat pass of session %s/%s", *key)
+            for (namespace, name), resources in patches:
+                try:
+                    k8s.patch_status("sessions", namespace, name, {"resources": resources})
+                except Exception:
+                    reconcile.log.exception("writing the resources of session %s/%s", namespace, name)
+                    continue
+                heartbeat.reflected(namespace, name, HeartbeatSeen(resources, False, 0), pass_=False)
+
+    threading.Thread(target=loop, name="session-heartbeat", daemon=True).start()
+
+
 def _child_changed(type: str | None, body: kopf.Body, resource: kopf.Resource, **_: object) -> bool:
     # A filter (it only remembers what a listing shows): events that change nothing a pass
     # reads cost no worker thread. Each checkpoint's snapshot adds and removes a finalizer
     # on the claim, and the start-up listing of every Pod, claim and chunk is covered by
     # the Sessions' resume passes.
     raw = dict(body)
+    if resource.plural == "configmaps" and heartbeat_session(raw) is not None:
+        return False  # session_heartbeat_event's
     if reconcile.relisted(resource.plural, type, raw):
         resync_all_after_relist()
     return reconcile.child_changed(resource.plural, type, raw, record=False)
