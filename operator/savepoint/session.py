@@ -19,6 +19,9 @@ WORKSPACE_VOLUME = "workspace"
 # Set by the operator on the Pod it creates: milliseconds since the epoch, by its own clock.
 POD_CREATED_MS = "savepoint.dev/created-ms"
 POD_BOOT_MS = "savepoint.dev/boot-ms"
+# On a Session restored from spec.source: when its restore started (ms since the epoch;
+# the Fork sets it as it creates the Session). usage.restoreMs runs from it to Ready.
+RESTORE_STARTED_MS = "savepoint.dev/restore-started-ms"
 
 
 def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
