@@ -306,11 +306,6 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         snapshot = watched
     else:
         snapshot = k8s.get_volume_snapshot(namespace, vs_name)
-    if snapshot is not None and owned_by_other(snapshot, body):
-        # Left by an earlier Checkpoint of this name (a late pass made it after that one's
-        # finalizer ran): the garbage collector is deleting it; make ours once it is gone.
-        k8s.request_volume_snapshot_deletion(namespace, vs_name)
-        return
     if snapshot is None:
         claim, snapshot_class = status.get("_claim"), status.get("_class")
         if claim is None:
@@ -325,6 +320,11 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         failpoints.hit("checkpoint.before_snapshot_created")
         snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
         failpoints.hit("checkpoint.after_snapshot_created")
+    if owned_by_other(snapshot, body):
+        # Left by an earlier Checkpoint of this name (a late pass made it after that one's
+        # finalizer ran): the garbage collector is deleting it; ours is made once it is gone.
+        k8s.request_volume_snapshot_deletion(namespace, vs_name)
+        return
     state = snapshot_state(snapshot)
     if state.error:
         _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
