@@ -4,6 +4,7 @@ Checkpoint, and only what cannot change ends at once (DESIGN 2, docs/checkpoints
 from __future__ import annotations
 
 import itertools
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,19 @@ def kubectl(kubeconfig: str, *args: str, stdin: str | None = None, timeout: floa
     return done.stdout
 
 
+def serving(operator) -> None:
+    """Wait until the operator's webhook listens: the API server refuses a create it cannot send there."""
+
+    def listening() -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", operator.webhook["port"]), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
+    wait_for(listening, timeout=30, what="the operator's webhook to listen")
+
+
 def reasons(core: client.CoreV1Api, namespace: str, name: str) -> set[str]:
     """The reasons of the Kubernetes Events posted on one object."""
     events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
@@ -59,6 +73,7 @@ def test_one_apply_of_session_checkpoint_and_fork_converges_in_any_order(
 ):
     # The webhook answers these creates too: it must not refuse what would converge.
     core.patch_namespace(namespace, {"metadata": {"labels": {webhook: "true"}}})
+    serving(operator)
     manifest = yaml.safe_dump_all([OBJECTS[kind] for kind in order])
     kubectl(kubeconfig, "apply", "-n", namespace, "-f", "-", stdin=manifest)
 
@@ -142,6 +157,7 @@ def test_a_fork_of_a_checkpoint_that_fails_fails_with_its_reason(never_ready_cla
 
 def test_the_webhook_refuses_only_what_cannot_change(webhook, operator, core, crds, namespace):
     core.patch_namespace(namespace, {"metadata": {"labels": {webhook: "true"}}})
+    serving(operator)
     make_session(crds, namespace, "s1")
     started = time.monotonic()
     make_checkpoint(crds, namespace, "early")  # s1 is Provisioning: let in, it waits
