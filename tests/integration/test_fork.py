@@ -266,5 +266,5 @@ def test_restore_ms_runs_from_the_fork_to_the_target_ready(checkpointed, crds, n
     took = body["status"]["usage"]["restoreMs"]
     # At least from when the target certainly existed to when it was certainly not yet
     # Ready (one poll before); at most from the Fork's creation to Ready being seen.
-    assert took >= (seen_ready - seen_made) * 1000 - 500, (took, seen_ready - seen_made)
+    assert took >= (seen_ready - seen_made) * 1000 - 300, (took, seen_ready - seen_made)
     assert took <= (seen_ready - asked) * 1000 + 500, (took, seen_ready - asked)
