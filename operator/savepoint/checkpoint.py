@@ -51,10 +51,33 @@ class FailReason(StrEnum):
     SNAPSHOT_LOST = "SnapshotLost"
 
 
+class WaitReason(StrEnum):
+    WAITING_FOR_SESSION = "WaitingForSession"
+
+
 @dataclass(frozen=True)
 class Rejection:
     reason: RejectReason
     message: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Not yet: what the checkpoint needs can still come (its Session is Provisioning, or
+    not created yet by the rest of the same apply). It stays Pending and is asked again."""
+
+    reason: WaitReason
+    message: str
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long admission waits: `waited` is the checkpoint's age (zero at the webhook),
+    `timeout` the bound for a Provisioning Session, `missing_grace` for a missing one."""
+
+    waited: timedelta = timedelta(0)
+    timeout: timedelta = timedelta(minutes=10)
+    missing_grace: timedelta = timedelta(seconds=10)
 
 
 @dataclass(frozen=True)
@@ -129,24 +152,38 @@ def admit(
     session: SessionView,
     quota: QuotaUse,
     snapshot_class: str | None,
-) -> Rejection | None:
-    """None to accept; otherwise the terminal rejection and why, in DESIGN's order."""
+    patience: Patience | None = None,
+) -> Rejection | Wait | None:
+    """None to accept; a Wait while what is missing can still come; otherwise the terminal
+    rejection and why, in DESIGN's order. What cannot change is refused at once."""
+    patience = patience or Patience()
     if policy.zero_data_retention:
         return Rejection(
             RejectReason.ZERO_DATA_RETENTION,
             "this workspace keeps no checkpoints (namespace annotation savepoint.dev/zero-data-retention)",
         )
     if not session.exists:
+        if patience.waited < patience.missing_grace:
+            return Wait(WaitReason.WAITING_FOR_SESSION, f"waiting for session {spec.session_name} to be created")
         return Rejection(RejectReason.SESSION_NOT_FOUND, f"session {spec.session_name} not found")
     if session.phase == SessionPhase.RUNNING:
         return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
     if session.phase == SessionPhase.AWAITING_APPROVAL:
         return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has an approval pending")
-    if session.phase not in (SessionPhase.READY, SessionPhase.PAUSED):
+    if session.phase in (None, SessionPhase.PROVISIONING):
+        if patience.waited < patience.timeout:
+            return Wait(
+                WaitReason.WAITING_FOR_SESSION,
+                f"waiting for session {spec.session_name} to be Ready (it is {session.phase or 'new'}; "
+                f"up to {patience.timeout}, SAVEPOINT_WAIT_TIMEOUT)",
+            )
         return Rejection(
             RejectReason.SESSION_NOT_READY,
-            f"session {spec.session_name} is {session.phase or 'not yet provisioned'}",
+            f"session {spec.session_name} is still {session.phase or 'not provisioned'} after "
+            f"{patience.timeout} (SAVEPOINT_WAIT_TIMEOUT)",
         )
+    if session.phase not in (SessionPhase.READY, SessionPhase.PAUSED):
+        return Rejection(RejectReason.SESSION_NOT_READY, f"session {spec.session_name} is {session.phase}")
     if policy.max_checkpoints is not None and quota.live_count >= policy.max_checkpoints:
         return Rejection(
             RejectReason.QUOTA_EXCEEDED,
@@ -212,6 +249,31 @@ def checkpoint_label_value(checkpoint: str) -> str:
     return f"{checkpoint[:52].rstrip('.-')}-{digest}"
 
 
+def checkpoint_owner(body: dict[str, Any]) -> dict[str, Any]:
+    """The ownerReference that ties a VolumeSnapshot to its Checkpoint's uid.
+
+    The garbage collector deletes a snapshot whose owner is gone, so a snapshot a late pass
+    creates after the Checkpoint's finalizer was released is removed all the same: the
+    finalizer alone cannot see a snapshot made after it ran.
+    """
+    return {
+        "apiVersion": body.get("apiVersion", "savepoint.dev/v1alpha1"),
+        "kind": body.get("kind", "Checkpoint"),
+        "name": body["metadata"]["name"],
+        "uid": body["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def owned_by_other(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:
+    """Whether a snapshot of this name belongs to an earlier Checkpoint of the same name
+    (its owner's uid differs): the garbage collector is deleting it, it is not ours to use."""
+    refs = snapshot.get("metadata", {}).get("ownerReferences") or []
+    uids = {r.get("uid") for r in refs if r.get("kind") == "Checkpoint"}
+    return bool(uids) and body["metadata"]["uid"] not in uids
+
+
 def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str) -> dict[str, Any]:
     meta = body["metadata"]
     return {
@@ -220,6 +282,7 @@ def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str)
         "metadata": {
             "name": snapshot_name(meta["name"]),
             "namespace": meta["namespace"],
+            "ownerReferences": [checkpoint_owner(body)],
             "annotations": {CHECKPOINT_LABEL: meta["name"]},
             "labels": {
                 CHECKPOINT_LABEL: checkpoint_label_value(meta["name"]),

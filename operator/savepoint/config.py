@@ -49,6 +49,14 @@ class Settings:
     expired_grace: timedelta = field(default_factory=lambda: parse_duration(_env("EXPIRED_GRACE", "7d")))
     # How long a VolumeSnapshot may take to become ready before its Checkpoint fails.
     snapshot_timeout: timedelta = field(default_factory=lambda: parse_duration(_env("SNAPSHOT_TIMEOUT", "10m")))
+    # How long a Checkpoint waits for its Provisioning Session to become Ready, and a Fork
+    # for its Pending Checkpoint, before it gives up (Rejected/SessionNotReady,
+    # Failed/CheckpointNotReady): objects applied together converge (DESIGN 2).
+    wait_timeout: timedelta = field(default_factory=lambda: parse_duration(_env("WAIT_TIMEOUT", "10m")))
+    # How long a Checkpoint's Session, or a Fork's Checkpoint, may not exist yet before
+    # that is final (SessionNotFound, CheckpointNotFound): long enough for the rest of one
+    # `kubectl apply` to arrive, whatever the order of its documents.
+    missing_grace: timedelta = field(default_factory=lambda: parse_duration(_env("MISSING_GRACE", "10s")))
     # kopf peering name; replicas sharing it elect one active operator.
     # Default: (standalone)
     peering: str = field(default_factory=lambda: _env("PEERING", ""))

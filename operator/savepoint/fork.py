@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from savepoint.checkpoint import Patience
 from savepoint.constants import API_VERSION, FORK_ANNOTATION, PARENT_SESSION_LABEL
 
 # Re-exported: the Session and Fork controllers read it here.
@@ -26,6 +27,16 @@ class ForkReason(StrEnum):
     TARGET_EXISTS = "TargetExists"
     INVALID_TARGET = "InvalidTarget"
     EVENT_NOT_FOUND = "EventNotFound"
+
+
+WAITING_FOR_CHECKPOINT = "WaitingForCheckpoint"
+
+
+class ForkWait(Exception):
+    """Not yet: the Fork's checkpoint can still become Ready (it is Pending, or not created
+    yet by the rest of the same apply). The Fork stays Pending and is asked again."""
+
+    reason = WAITING_FOR_CHECKPOINT
 
 
 class ForkError(Exception):
@@ -49,9 +60,13 @@ class Plan:
     through_event_id: str | None
 
 
-def check_checkpoint(name: str, body: dict[str, Any] | None) -> dict[str, Any]:
-    """The checkpoint, usable; otherwise the ForkError that says why not. Never downgrades."""
+def check_checkpoint(name: str, body: dict[str, Any] | None, patience: Patience | None = None) -> dict[str, Any]:
+    """The checkpoint, usable; ForkWait while it can still become so; otherwise the
+    ForkError that says why not. Never downgrades: Expired is CheckpointExpired at once."""
+    patience = patience or Patience()
     if body is None:
+        if patience.waited < patience.missing_grace:
+            raise ForkWait(f"waiting for checkpoint {name} to be created")
         raise ForkError(ForkReason.CHECKPOINT_NOT_FOUND, f"checkpoint {name} not found")
     status = body.get("status") or {}
     phase = status.get("phase")
@@ -61,9 +76,19 @@ def check_checkpoint(name: str, body: dict[str, Any] | None) -> dict[str, Any]:
             f"checkpoint {name} expired at {status.get('expiresAt')}; its snapshot is gone "
             "(fork from the session's log with source.session and atEvent instead)",
         )
+    if phase in (CheckpointPhase.FAILED, CheckpointPhase.REJECTED):
+        detail = f"{status.get('reason')}: {status.get('message')}" if status.get("reason") else "no reason given"
+        raise ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} ended {phase} ({detail})")
     if phase != CheckpointPhase.READY:
-        detail = f"{phase}: {status.get('reason')}" if status.get("reason") else (phase or "not yet admitted")
-        raise ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} is {detail}")
+        if patience.waited < patience.timeout:
+            raise ForkWait(
+                f"waiting for checkpoint {name} to be Ready (it is {phase or 'new'}; "
+                f"up to {patience.timeout}, SAVEPOINT_WAIT_TIMEOUT)"
+            )
+        raise ForkError(
+            ForkReason.CHECKPOINT_NOT_READY,
+            f"checkpoint {name} is still {phase or 'not admitted'} after {patience.timeout} (SAVEPOINT_WAIT_TIMEOUT)",
+        )
     return body
 
 

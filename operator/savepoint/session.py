@@ -18,6 +18,8 @@ from savepoint.usage import HeartbeatSeen, count_pauses
 
 MANAGED_BY = {constants.MANAGED_BY_LABEL: constants.MANAGED_BY}
 WORKSPACE_VOLUME = "workspace"
+# On a Session restored from spec.source: when its restore started (the Fork sets it).
+RESTORE_STARTED_MS = constants.RESTORE_STARTED_MS_ANNOTATION
 
 
 def owner_reference(body: dict[str, Any]) -> dict[str, Any]:

@@ -109,6 +109,7 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
     expected = (
         grant("savepoint.dev", ["sessions", "checkpoints", "forks"], "get list watch create patch update delete")
         | grant("savepoint.dev", ["sessions/status", "checkpoints/status", "forks/status"], "get patch update")
+        | grant("savepoint.dev", ["checkpoints/finalizers"], "update")
         | grant("", ["pods", "persistentvolumeclaims", "configmaps"], "get list watch create update patch delete")
         | grant("", ["persistentvolumes"], "get")
         | grant("", ["serviceaccounts"], "get create")

@@ -432,6 +432,19 @@ def problems(core, crds, namespace: str, work: Workload) -> list[str]:
             found.append(f"VolumeSnapshot {names} is orphaned: checkpoint {owner} does not exist")
         if len(names) > 1:
             found.append(f"checkpoint {owner} has {len(names)} VolumeSnapshots: {names}")
+    # ... and each VolumeSnapshotContent bound to this namespace still has its VolumeSnapshot
+    # (the orphans that outlive a backup tool: a disk snapshot nobody can see or delete).
+    snap_names = {vs["metadata"]["name"] for vs in snaps}
+    contents = retrying(
+        lambda: crds.list_cluster_custom_object(*SNAP, "volumesnapshotcontents", _request_timeout=REQUEST_TIMEOUT)
+    )["items"]
+    for content in contents:
+        ref = content["spec"].get("volumeSnapshotRef") or {}
+        if ref.get("namespace") == namespace and ref.get("name") not in snap_names:
+            found.append(
+                f"VolumeSnapshotContent {content['metadata']['name']} is orphaned: "
+                f"VolumeSnapshot {ref.get('name')} does not exist"
+            )
     for name, body in ckpts.items():
         status = body.get("status") or {}
         snaps_of = by_ckpt.get(name, [])

@@ -371,19 +371,25 @@ def test_unicode_and_absurd_numbers_are_kept_or_clamped(s1_with_c1, operator, co
 
 def test_the_webhook_refuses_hostile_checkpoints_with_the_reason(webhook, s1_with_c1, operator, core, crds, namespace):
     core.patch_namespace(namespace, {"metadata": {"labels": {webhook: "true"}}})
-    ghost = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Checkpoint", "metadata": {"name": "w-ghost"}}
-    ghost["spec"] = {"sessionName": "ghost"}
+    log = EventLog(core, namespace, "s1")
+    log.append("run.started", {"runId": "w"})
+    busy = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Checkpoint", "metadata": {"name": "w-busy"}}
+    busy["spec"] = {"sessionName": "s1"}
 
     def refused() -> str | None:
         """The API server's answer once its namespace cache has seen the label (a dry run stores nothing)."""
         try:
-            crds.create_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", ghost, dry_run="All")
+            crds.create_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", busy, dry_run="All")
         except client.ApiException as err:
             return err.body
         return None
 
     body = wait_for(refused, timeout=30, what="the webhook to answer for the labelled namespace")
-    assert "SessionNotFound" in body and "ghost" in body
+    assert "SessionBusy" in body and "run in flight" in body
+    log.append("run.completed", {"runId": "w"})
+    # A session that does not exist yet may follow in the same apply: that would converge, so it is let in.
+    ghost = {**busy, "metadata": {"name": "w-ghost"}, "spec": {"sessionName": "ghost"}}
+    crds.create_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", ghost, dry_run="All")
     # Hostile but legal input passes the webhook and works.
     make_checkpoint(crds, namespace, "w" * 200, label="日本語 🚀")
     assert wait_checkpoint(crds, namespace, "w" * 200, "Ready", "Failed", "Rejected")["status"]["phase"] == "Ready"

@@ -242,3 +242,29 @@ def test_rollback_interrupted_after_the_new_claim_completes_exactly_once(checkpo
     wait_for(one_claim, timeout=60, what="exactly one workspace claim")
     assert claims  # the session kept a claim throughout
     assert checksums(pvc_data_dir(core, namespace, body["status"]["workspaceClaimName"])) == checkpointed["files"]
+
+
+def test_restore_ms_runs_from_the_fork_to_the_target_ready(checkpointed, crds, namespace):
+    """usage.restoreMs of a forked session spans the whole restore (disk clone, log copy,
+    Pod start), as this test's own clock sees it, not one pass of the controller."""
+    import time
+
+    asked = time.time()
+    make_fork(crds, namespace, "f-timed", {"checkpoint": "c1"}, target="t-timed")
+    made = wait_for(lambda: session_exists(crds, namespace, "t-timed"), timeout=60, interval=0.05, what="target made")
+    seen_made = time.time()
+    assert made
+    body = wait_for(
+        lambda: (lambda b: b if (b.get("status") or {}).get("phase") == "Ready" else None)(
+            get_session(crds, namespace, "t-timed")
+        ),
+        timeout=120,
+        interval=0.05,
+        what="target Ready",
+    )
+    seen_ready = time.time()
+    took = body["status"]["usage"]["restoreMs"]
+    # At least from when the target certainly existed to when it was certainly not yet
+    # Ready (one poll before); at most from the Fork's creation to Ready being seen.
+    assert took >= (seen_ready - seen_made) * 1000 - 300, (took, seen_ready - seen_made)
+    assert took <= (seen_ready - asked) * 1000 + 500, (took, seen_ready - asked)

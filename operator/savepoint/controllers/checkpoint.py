@@ -23,14 +23,17 @@ from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
     SETTLED_LABEL,
     FailReason,
+    Patience,
     PolicyError,
     QuotaUse,
     Rejection,
     RejectReason,
     SessionView,
+    Wait,
     admit,
     build_volume_snapshot,
     effective_ttl,
+    owned_by_other,
     parse_quantity,
     parse_time,
     pick_snapshot_class,
@@ -93,12 +96,19 @@ def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None,
     body = copy.deepcopy(seen) if fresh else k8s.get_custom("checkpoints", namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
-    phase = (body.get("status") or {}).get("phase")
-    if phase is None:
+    if waiting(body):
         _admit(body, settings)
-        phase = body["status"]["phase"]
-    if phase == CheckpointPhase.PENDING:
+        if waiting(body):
+            return  # the Session's events (or the pending poll) bring us back
+    if body["status"]["phase"] == CheckpointPhase.PENDING:
         _progress(body, settings, snapshot)
+
+
+def waiting(body: dict) -> bool:
+    """Not admitted yet: new, or Pending without a cut while its Session is not Ready."""
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    return phase is None or (phase == CheckpointPhase.PENDING and not status.get("createdAt"))
 
 
 def poll_pending(namespace: str, name: str, settings: Settings) -> bool:
@@ -142,7 +152,7 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
     if session is not None:
         view_cursor = None
         status = session.get("status") or {}
-        phase = status.get("phase")
+        phase = "being deleted" if session["metadata"].get("deletionTimestamp") else status.get("phase")
         if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
             # The status can lag the log by a moment; the log decides whether a run is in flight.
             try:
@@ -159,6 +169,9 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
             except EventLogError:
                 phase = SessionPhase.FAILED
         claim = status.get("workspaceClaimName")
+        if phase in (None, SessionPhase.PROVISIONING):
+            # Admission waits for it: quota and the snapshot class are looked at once it is Ready.
+            return policy, session, SessionView(exists=True, phase=phase, claim=claim), QuotaUse(0, 0), None
         pvc = k8s.get_pvc(namespace, claim) if claim else None
         driver = k8s.csi_driver_of_claim(pvc) if pvc else None
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
@@ -178,11 +191,21 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
 
 
 def check(namespace: str, name: str, spec: CheckpointSpec, settings: Settings) -> Rejection | None:
+    """The webhook's answer: a rejection only for what cannot change. A checkpoint that would
+    wait (its Session is Provisioning, or not created yet by the rest of the same apply) is
+    let in: the status path waits for it."""
     try:
         policy, _, view, quota, snapshot_class = observe_admission(namespace, spec, name, settings)
     except PolicyError as err:
         return Rejection(RejectReason.INVALID_POLICY, str(err))
-    return admit(name, spec, policy, view, quota, snapshot_class)
+    answer = admit(name, spec, policy, view, quota, snapshot_class, _patience(settings))
+    return answer if isinstance(answer, Rejection) else None
+
+
+def _patience(settings: Settings, body: dict | None = None) -> Patience:
+    made = (body or {}).get("metadata", {}).get("creationTimestamp")
+    waited = max(timedelta(0), _now() - parse_time(made)) if made else timedelta(0)
+    return Patience(waited, settings.wait_timeout, settings.missing_grace)
 
 
 def _admit(body: dict, settings: Settings) -> None:
@@ -192,9 +215,12 @@ def _admit(body: dict, settings: Settings) -> None:
         policy, session, view, quota, snapshot_class = observe_admission(
             meta["namespace"], spec, meta["name"], settings
         )
-        rejection = admit(meta["name"], spec, policy, view, quota, snapshot_class)
+        rejection = admit(meta["name"], spec, policy, view, quota, snapshot_class, _patience(settings, body))
     except PolicyError as err:
         rejection = Rejection(RejectReason.INVALID_POLICY, str(err))
+    if isinstance(rejection, Wait):
+        _write_waiting(body, rejection)
+        return
     if rejection is not None:
         _write(
             body,
@@ -246,6 +272,27 @@ def _admit(body: dict, settings: Settings) -> None:
     body["status"]["_class"] = snapshot_class
 
 
+def _write_waiting(body: dict, wait: Wait) -> None:
+    status = body.get("status") or {}
+    if (status.get("phase"), status.get("reason"), status.get("message")) == (
+        CheckpointPhase.PENDING,
+        wait.reason,
+        wait.message,
+    ):
+        return  # said already: a poll that finds nothing new writes nothing
+    first = status.get("phase") is None
+    _write(
+        body,
+        {
+            "phase": CheckpointPhase.PENDING.value,
+            "reason": wait.reason.value,
+            "message": wait.message,
+            "conditions": _ready_condition(body, False, wait.reason, wait.message),
+        },
+        event=(wait.reason.value, wait.message) if first else None,
+    )
+
+
 # --- snapshot progress ----------------------------------------------------------------
 
 
@@ -270,8 +317,14 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         if claim is None or snapshot_class is None:
             _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
             return
+        failpoints.hit("checkpoint.before_snapshot_created")
         snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
         failpoints.hit("checkpoint.after_snapshot_created")
+    if owned_by_other(snapshot, body):
+        # Left by an earlier Checkpoint of this name (a late pass made it after that one's
+        # finalizer ran): the garbage collector is deleting it; ours is made once it is gone.
+        k8s.request_volume_snapshot_deletion(namespace, vs_name)
+        return
     state = snapshot_state(snapshot)
     if state.error:
         _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
@@ -370,8 +423,8 @@ def _already_logged(elog, uid: str, through: int) -> bool:
 # --- expiry -----------------------------------------------------------------------------
 
 
-def expire(body: dict) -> bool:
-    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired; True when done.
+def expire(body: dict) -> None:
+    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure).
 
     It does not wait for the snapshot to go: the deletion is asked for (the snapshot
     controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
@@ -394,7 +447,6 @@ def expire(body: dict) -> bool:
         },
         event=("Expired", message),
     )
-    return True
 
 
 # Phases whose checkpoint is deleted at expiresAt + the grace period.
@@ -481,10 +533,11 @@ def _expire_logged(body: dict) -> bool:
         # Never beside a reconcile pass of the same checkpoint: a pass that is creating the
         # snapshot would re-create what this deletes, or write Ready over Expired.
         with object_lock("checkpoint", meta["namespace"], meta["name"]):
-            return expire(body)
+            expire(body)
     except Exception:  # one bad object must not stop the sweep
         log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
         return False
+    return True
 
 
 def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -19,11 +19,13 @@ from pydantic import ValidationError
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     SNAPSHOT_GROUP,
+    Patience,
     effective_ttl,
     parse_time,
     policy_from_annotations,
     rfc3339,
 )
+from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
 from savepoint.controllers import object_lock
@@ -34,6 +36,7 @@ from savepoint.fork import (
     RESTORING_ANNOTATION,
     ForkError,
     ForkReason,
+    ForkWait,
     Plan,
     build_target_session,
     check_checkpoint,
@@ -42,7 +45,7 @@ from savepoint.fork import (
     target_claim_name,
 )
 from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
-from savepoint.session import SESSION_LABEL, build_pvc, pod_name
+from savepoint.session import RESTORE_STARTED_MS, SESSION_LABEL, build_pvc, pod_name
 
 log = logging.getLogger(__name__)
 THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
@@ -53,9 +56,35 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+# The Ready condition's reason in each phase without a reason of its own.
+_PHASE_REASON = {
+    ForkPhase.PENDING: "Resolved",
+    ForkPhase.RESTORING: "Restoring",
+    ForkPhase.SUCCEEDED: "Succeeded",
+    ForkPhase.FAILED: "Failed",
+}
+
+
+def _ready_condition(body: dict, status: dict) -> list[dict]:
+    """Ready (True once Succeeded), so `kubectl wait --for=condition=Ready` works on a Fork."""
+    phase = ForkPhase(status["phase"])
+    reason = status.get("reason") or _PHASE_REASON[phase]
+    message = status.get("message") or {
+        ForkPhase.PENDING: "source resolved",
+        ForkPhase.RESTORING: f"restoring session {status.get('targetSession')}",
+        ForkPhase.SUCCEEDED: f"session {status.get('targetSession')} is ready",
+    }.get(phase, "")
+    old = (body.get("status") or {}).get("conditions") or []
+    return set_condition(
+        old, "Ready", phase == ForkPhase.SUCCEEDED, reason, message, body["metadata"].get("generation")
+    )
+
+
 def _write(body: dict, status: dict, event: tuple[str, str] | None = None, warn: bool = False) -> None:
     meta = body["metadata"]
     status = {**status, "observedGeneration": meta.get("generation")}
+    if "phase" in status:
+        status["conditions"] = _ready_condition(body, status)
     k8s.patch_status("forks", meta["namespace"], meta["name"], status)
     if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
         metrics.fork_transitions.labels(status["phase"], status.get("reason") or "").inc()
@@ -93,13 +122,37 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> None:
         return
     spec = ForkSpec.model_validate(body["spec"])
     try:
-        plan = resolve(namespace, spec, body)
+        plan = resolve(namespace, spec, body, settings)
         if spec.mode == ForkMode.ROLLBACK:
             _rollback(body, spec, plan, settings)
         else:
             _fork(body, spec, plan)
+    except ForkWait as wait:
+        _write_waiting(body, str(wait))
     except ForkError as err:
         _fail(body, err)
+
+
+def _write_waiting(body: dict, message: str) -> None:
+    status = body.get("status") or {}
+    if (status.get("phase"), status.get("reason"), status.get("message")) == (
+        ForkPhase.PENDING,
+        ForkWait.reason,
+        message,
+    ):
+        return  # said already: a timer pass that finds nothing new writes nothing
+    first = status.get("phase") is None
+    _write(
+        body,
+        {"phase": ForkPhase.PENDING.value, "reason": ForkWait.reason, "message": message},
+        event=(ForkWait.reason, message) if first else None,
+    )
+
+
+def _patience(settings: Settings, body: dict) -> Patience:
+    made = body["metadata"].get("creationTimestamp")
+    waited = max(timedelta(0), _now() - parse_time(made)) if made else timedelta(0)
+    return Patience(waited, settings.wait_timeout, settings.missing_grace)
 
 
 def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | None = None) -> None:
@@ -118,8 +171,9 @@ def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | 
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
 
 
-def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
-    """Turn the Fork's source into a Plan, or raise the ForkError that explains why not."""
+def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings | None = None) -> Plan:
+    """Turn the Fork's source into a Plan; raise ForkWait while its checkpoint can still
+    become Ready, or the ForkError that explains why not."""
     pinned = (body.get("status") or {}).get("plan")
     if pinned:  # resolved on an earlier pass: do not re-resolve against a moving log
         # A merge patch drops null fields, so read each one with its default.
@@ -134,7 +188,11 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
         )
     source = spec.source
     if source.checkpoint:
-        ckpt = check_checkpoint(source.checkpoint, k8s.get_custom("checkpoints", namespace, source.checkpoint))
+        ckpt = check_checkpoint(
+            source.checkpoint,
+            k8s.get_custom("checkpoints", namespace, source.checkpoint),
+            _patience(settings or load(), body),
+        )
         plan = plan_from_checkpoint(spec, ckpt)
     else:
         assert source.session is not None  # the CRD's CEL rule: a checkpoint or a session
@@ -162,6 +220,8 @@ def resolve(namespace: str, spec: ForkSpec, body: dict) -> Plan:
         body,
         {
             "phase": ForkPhase.PENDING.value,
+            "reason": None,
+            "message": None,
             "plan": pinned,
             "restoreMode": plan.restore.value,
             "startedAt": rfc3339(_now()),
@@ -207,6 +267,8 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
             raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
         new = build_target_session(body, source_session, plan, spec.source.at_event)
         new["metadata"]["annotations"][THROUGH_ANNOTATION] = str(plan.through_sequence)
+        # The restore starts now: the target's usage.restoreMs runs from here to its Ready.
+        new["metadata"]["annotations"][RESTORE_STARTED_MS] = str(int(time.time() * 1000))
         try:
             SessionSpec.model_validate(new["spec"])
         except ValidationError as err:

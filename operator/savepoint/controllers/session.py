@@ -23,7 +23,6 @@ from savepoint.constants import (
     ANNOTATION_LOG_RETENTION,
     API_VERSION,
     RECLAIM_LABEL,
-    RESTORE_STARTED_MS_ANNOTATION,
     THROUGH_SEQUENCE_ANNOTATION,
     Reason,
 )
@@ -39,6 +38,7 @@ from savepoint.sandbox import chunk_index
 from savepoint.session import (
     POD_BOOT_MS,
     POD_CREATED_MS,
+    RESTORE_STARTED_MS,
     SESSION_LABEL,
     Observed,
     PodTemplateError,
@@ -294,9 +294,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
     idle_checkpoint = idle_paused and user_spec.idle is not None and user_spec.idle.checkpoint
     reclaim = spec.workspace.reclaim_on_pause or idle_checkpoint
     if paused and reclaim and hold is None and pod is None and pvc and not reclaimed:
-        done = reclaim_workspace(
-            body, claim, idle.reclaim_name(name, idle_state or {}) if idle_paused else None
-        )
+        done = reclaim_workspace(body, claim, idle.reclaim_name(name, idle_state or {}) if idle_paused else None)
         if done:
             extra["reclaimedCheckpoint"] = done
             pvc = None
@@ -318,6 +316,10 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         # {"paused": false} is what the API server stores for an empty status.idle (its default).
         state = idle_state or {"paused": False}
         status["idle"], status["conditions"] = _idle_status(body, user_spec, state, status)
+    if spec.source:
+        took = restore_ms(meta.get("annotations") or {}, {**old_status, **status})
+        if took is not None:
+            status["usage"] = {**(status.get("usage") or {}), "restoreMs": took}
     if annotations.get(RESTORING_ANNOTATION):
         # The rollback owns the claim swap: never write back a claim name read before it.
         status.pop("workspaceClaimName", None)
@@ -566,8 +568,12 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
             through = str(parent_log.cursor().seq)
     through_seq = int(through)
 
+    if RESTORE_STARTED_MS not in (meta.get("annotations") or {}):
+        # A Session made with spec.source by hand (a Fork sets this as it creates one).
+        started = {RESTORE_STARTED_MS: str(now_ms())}
+        k8s.patch_custom("sessions", namespace, meta["name"], {"metadata": {"annotations": started}})
+        meta["annotations"] = {**(meta.get("annotations") or {}), **started}
     # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild.
-    started = now_ms()
     pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
     # Log: the parent's prefix, then session.forked, exactly once.
     try:
@@ -588,7 +594,6 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
         raise RestoreError("SessionHistoryUnavailable", str(err)) from None
     if (pvc.get("status") or {}).get("phase") != "Bound":
         return None
-    created = int((meta.get("annotations") or {}).get(RESTORE_STARTED_MS_ANNOTATION, started))
     restore: dict[str, Any] = {
         "mode": "snapshot" if data_source else "event_log_rebuild",
         "throughSequence": through_seq,
@@ -599,8 +604,18 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
         "restore": restore,
         "parentSession": parent,
         "forkedFromCheckpoint": source.checkpoint,
-        "usage": {**((body.get("status") or {}).get("usage") or {}), "restoreMs": max(0, now_ms() - created)},
     }
+
+
+def restore_ms(annotations: dict[str, str], status: dict[str, Any]) -> int | None:
+    """usage.restoreMs of a restored Session on the pass it is first Ready: from the restore's
+    start (RESTORE_STARTED_MS) to now; None when it has one already or is not there yet."""
+    started = annotations.get(RESTORE_STARTED_MS)
+    usage = status.get("usage") or {}
+    ready = status.get("phase") in ("Ready", "Running", "AwaitingApproval")
+    if started is None or not ready or "restore" not in status or usage.get("restoreMs") is not None:
+        return None
+    return max(0, now_ms() - int(started))
 
 
 def latest_checkpoint(events: list) -> str | None:

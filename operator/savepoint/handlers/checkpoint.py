@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import kopf
@@ -137,6 +138,27 @@ if settings.webhook:
             raise kopf.AdmissionError(f"{rejection.reason}: {rejection.message}", code=code)
 
 
+@kopf.index(*CHECKPOINTS, id="checkpoints_waiting")
+def checkpoints_waiting(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
+    """Checkpoints not admitted yet (waiting for their Session), by that Session."""
+    if status.get("phase") not in (None, "Pending") or status.get("createdAt"):
+        return None
+    return {(namespace, spec.get("sessionName")): name}
+
+
+def _awaited_session(namespace: str, name: str, status: kopf.Status, checkpoints_waiting: kopf.Index, **_: object):
+    # A filter: the events of the sessions no checkpoint waits for cost no worker thread.
+    return (namespace, name) in checkpoints_waiting and status.get("phase") not in (None, "Provisioning")
+
+
+@kopf.on.event(GROUP, VERSION, "sessions", id="checkpoint_session_event", when=_awaited_session)
+def checkpoint_session_event(namespace: str, name: str, checkpoints_waiting: kopf.Index, **_: object) -> None:
+    """A Session some checkpoints wait for is no longer Provisioning: admit them now."""
+    admissions.start()
+    for waiting in list(checkpoints_waiting.get((namespace, name), ())):
+        admissions.file((namespace, waiting))
+
+
 @kopf.on.delete(*CHECKPOINTS, id="checkpoint_release")
 def checkpoint_release(body: kopf.Body, **_: object) -> None:
     checkpoint.release(dict(body))
@@ -151,6 +173,9 @@ async def checkpoint_clocks(type: str | None, body: kopf.Body, **_: object) -> N
     pending = (raw.get("status") or {}).get("phase") in (None, "Pending")
     if type != "DELETED" and pending and not raw["metadata"].get("deletionTimestamp"):
         pending_polls.file(key)
+        if checkpoint.waiting(raw):
+            # A Session not created yet is final after the short missing grace: look again then.
+            pending_polls.hurry(settings.missing_grace.total_seconds() + 1, [key])
     else:
         pending_polls.drop(key)
     if type == "DELETED":
@@ -160,12 +185,12 @@ async def checkpoint_clocks(type: str | None, body: kopf.Body, **_: object) -> N
 @kopf.on.startup()
 def checkpoint_expiry_loop(**_: object) -> None:
     """A full sweep at start-up (overdue checkpoints expire at once), then the due ones every
-    few seconds; the same thread polls the Pending checkpoints that are due."""
-    stop = threading.Event()
+    few seconds; the same thread polls the Pending checkpoints that are due. A daemon
+    thread: it ends with the process."""
 
     def loop() -> None:
         listed = False  # whether this replica has swept a full listing since it became active
-        while not stop.is_set():
+        while True:
             metrics.beat("expiry loop", max(10 * settings.expiry_interval_seconds, 1800))
             try:
                 if not peering.is_active(settings):  # a standby replica leaves expiry to the active one
@@ -179,6 +204,6 @@ def checkpoint_expiry_loop(**_: object) -> None:
                     checkpoint_pending_poll()
             except Exception:  # the loop outlives any one failure
                 checkpoint.log.exception("checkpoint expiry sweep failed")
-            stop.wait(settings.expiry_interval_seconds)
+            time.sleep(settings.expiry_interval_seconds)
 
     threading.Thread(target=loop, name="checkpoint-expiry", daemon=True).start()

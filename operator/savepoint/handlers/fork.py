@@ -12,6 +12,7 @@ from savepoint.session import SESSION_LABEL
 
 FORKS = (GROUP, VERSION, "forks")
 SESSIONS = (GROUP, VERSION, "sessions")
+CHECKPOINTS = (GROUP, VERSION, "checkpoints")
 settings = load()
 
 
@@ -29,6 +30,28 @@ def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object
     if status.get("phase") in ("Succeeded", "Failed") or not status.get("targetSession"):
         return None
     return {(namespace, status["targetSession"]): name}
+
+
+@kopf.index(*FORKS, id="forks_by_checkpoint")
+def forks_by_checkpoint(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
+    """Forks still waiting for their checkpoint (no plan resolved yet), by that checkpoint."""
+    checkpoint = (spec.get("source") or {}).get("checkpoint")
+    if not checkpoint or status.get("plan") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    return {(namespace, checkpoint): name}
+
+
+def _awaited_checkpoint(namespace: str, name: str, status: kopf.Status, forks_by_checkpoint: kopf.Index, **_: object):
+    # Only a settled checkpoint moves a waiting fork on; a Pending one keeps it waiting.
+    settled = status.get("phase") in ("Ready", "Failed", "Rejected", "Expired")
+    return settled and (namespace, name) in forks_by_checkpoint
+
+
+@kopf.on.event(*CHECKPOINTS, id="fork_checkpoint_event", when=_awaited_checkpoint)
+def fork_checkpoint_event(namespace: str, name: str, forks_by_checkpoint: kopf.Index, **_: object) -> None:
+    for fork_name in list(forks_by_checkpoint.get((namespace, name), ())):
+        with count_errors("fork"):
+            fork.reconcile_fork(namespace, fork_name, settings)
 
 
 @kopf.on.event(*FORKS, id="fork_forget")

@@ -1,0 +1,66 @@
+"""No VolumeSnapshot outlives its Checkpoint: each is owned by it, so a snapshot that a late
+pass makes after the Checkpoint's finalizer has run is removed by the garbage collector."""
+
+from __future__ import annotations
+
+import threading
+
+from kubernetes import watch
+
+from savepoint.models import GROUP, VERSION
+from tests.conftest import SNAP, wait_for
+from tests.integration.test_checkpoint import get_checkpoint, get_snapshot, make_checkpoint
+from tests.integration.test_session import make_session, wait_phase
+
+PAUSE = "checkpoint.before_snapshot_created"
+
+
+def record_snapshot_events(crds, namespace: str, seen: list[tuple[str, str]]) -> None:
+    """Every ADDED and DELETED VolumeSnapshot of the namespace, however short-lived."""
+    stream = watch.Watch().stream(
+        crds.list_namespaced_custom_object, *SNAP, namespace, "volumesnapshots", timeout_seconds=240
+    )
+    for event in stream:
+        seen.append((event["type"], event["object"]["metadata"]["name"]))
+
+
+def contents_of(crds, namespace: str, snapshot: str) -> list[str]:
+    """The VolumeSnapshotContents bound to one VolumeSnapshot."""
+    items = crds.list_cluster_custom_object(*SNAP, "volumesnapshotcontents")["items"]
+    wanted = {"namespace": namespace, "name": snapshot}
+    return [
+        c["metadata"]["name"]
+        for c in items
+        if {k: (c["spec"].get("volumeSnapshotRef") or {}).get(k) for k in wanted} == wanted
+    ]
+
+
+def test_a_snapshot_made_after_its_checkpoint_was_released_is_collected(operator, crds, namespace):
+    make_session(crds, namespace, "s1")
+    wait_phase(crds, namespace, "s1", "Ready", timeout=90)
+    seen: list[tuple[str, str]] = []
+    recorder = threading.Thread(target=record_snapshot_events, args=(crds, namespace, seen), daemon=True)
+    recorder.start()
+    operator.stop()
+    # The pass that admits the checkpoint stops for 15 s just before it creates the snapshot.
+    operator.start(SAVEPOINT_FAILPOINTS=f"{PAUSE}=sleep:15")
+    try:
+        make_checkpoint(crds, namespace, "late")
+
+        def admitted():
+            body = get_checkpoint(crds, namespace, "late")
+            return body if (body.get("status") or {}).get("createdAt") else None
+
+        wait_for(admitted, timeout=30, what="checkpoint late admitted")
+        assert get_snapshot(crds, namespace, "sp-late") is None
+        # Deleted while that pass sleeps: the finalizer finds no snapshot and lets it go.
+        crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "late")
+        wait_for(lambda: get_checkpoint(crds, namespace, "late") is None, timeout=12, what="checkpoint late gone")
+        # Then the pass wakes and makes the snapshot of a checkpoint that no longer exists.
+        wait_for(lambda: ("ADDED", "sp-late") in seen, timeout=30, what="the late snapshot made")
+        # The garbage collector removes it, and the snapshot controller its content.
+        wait_for(lambda: ("DELETED", "sp-late") in seen, timeout=90, what="the late snapshot collected")
+        wait_for(lambda: not contents_of(crds, namespace, "sp-late"), timeout=90, what="its content deleted")
+    finally:
+        operator.stop()
+        operator.start()
