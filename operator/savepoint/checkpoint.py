@@ -43,12 +43,14 @@ class RejectReason(StrEnum):
     SNAPSHOTS_UNSUPPORTED = "SnapshotsUnsupported"
     SESSION_NOT_FOUND = "SessionNotFound"
     INVALID_POLICY = "InvalidWorkspacePolicy"
+    HOOKS_DISABLED = "HooksDisabled"
 
 
 class FailReason(StrEnum):
     SNAPSHOT_FAILED = "SnapshotFailed"
     SNAPSHOT_TIMEOUT = "SnapshotTimeout"
     SNAPSHOT_LOST = "SnapshotLost"
+    HOOK_FAILED = "HookFailed"
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class SessionView:
     claim: str | None = None
     storage_class: str | None = None
     cursor: Cursor | None = None  # the log's end as admission read it (the cut)
+    hooks: bool = False  # the Session's checkpointPolicy has a pre- or postCheckpoint hook
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,7 @@ def admit(
     session: SessionView,
     quota: QuotaUse,
     snapshot_class: str | None,
+    hooks_enabled: bool = True,
 ) -> Rejection | None:
     """None to accept; otherwise the terminal rejection and why, in DESIGN's order."""
     if policy.zero_data_retention:
@@ -138,6 +142,12 @@ def admit(
         )
     if not session.exists:
         return Rejection(RejectReason.SESSION_NOT_FOUND, f"session {spec.session_name} not found")
+    if session.hooks and not hooks_enabled:
+        return Rejection(
+            RejectReason.HOOKS_DISABLED,
+            f"session {spec.session_name} has checkpointPolicy.hooks, and this operator runs no hooks "
+            "(SAVEPOINT_HOOKS=false, chart value hooks.enabled); remove the hooks or enable them",
+        )
     if session.phase == SessionPhase.RUNNING:
         return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
     if session.phase == SessionPhase.AWAITING_APPROVAL:

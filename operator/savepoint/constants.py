@@ -71,6 +71,9 @@ class ConditionType(StrEnum):
     WORKSPACE_BOUND = "WorkspaceBound"
     POD_RUNNING = "PodRunning"
     EVENT_LOG_READABLE = "EventLogReadable"
+    # On a Checkpoint of a Session with hooks: how each hook went.
+    PRE_CHECKPOINT_HOOK = "PreCheckpointHook"
+    POST_CHECKPOINT_HOOK = "PostCheckpointHook"
 
 
 class Reason(StrEnum):
@@ -98,3 +101,7 @@ class Reason(StrEnum):
     SNAPSHOTTING = "Snapshotting"
     SNAPSHOT_READY = "SnapshotReady"
     TTL_EXPIRED = "TTLExpired"
+    HOOK_SUCCEEDED = "HookSucceeded"
+    HOOK_FAILED = "HookFailed"
+    HOOK_SKIPPED = "HookSkipped"
+    HOOK_INTERRUPTED = "HookInterrupted"
