@@ -64,7 +64,9 @@ def test_a_kwok_node_is_refused_by_name():
 
 
 def test_scrub_removes_env_values_credentials_tokens_and_keys():
-    secrets = env_values(pod(env=[{"name": "DB_URL", "value": "postgres://u:hunter22@db"}, {"name": "N", "value": "1"}]))
+    secrets = env_values(
+        pod(env=[{"name": "DB_URL", "value": "postgres://u:hunter22@db"}, {"name": "N", "value": "1"}])
+    )
     assert secrets == ["postgres://u:hunter22@db"]  # "1" is too short to scrub on its own
     jwt = "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJzeXN0ZW0ifQ.c2lnbmF0dXJl"
     text = (

@@ -117,6 +117,21 @@ def _skip_all(body: dict, write: Writer, why: str) -> None:
     write(body, {"hooks": hooks, "conditions": conditions}, event=("HooksSkipped", why))
 
 
+def _failed_before_cut(body: dict, write: Writer, message: str, result: ExecResult | None) -> None:
+    """Record a refused or failed preCheckpoint; postCheckpoint is skipped: nothing was cut."""
+    status: dict[str, Any] = {}
+    if _phase(body, PRE) is not None:
+        status["hooks"] = _hook_status(body, PRE, HookPhase.FAILED, result)
+        status["conditions"] = _condition(body, PRE, False, Reason.HOOK_FAILED, message)
+    if _phase(body, POST) == HookPhase.PENDING:
+        body["status"] = {**body["status"], **status}
+        status["hooks"] = _hook_status(body, POST, HookPhase.SKIPPED)
+        status["conditions"] = _condition(
+            body, POST, True, Reason.HOOK_SKIPPED, "no snapshot was cut: the checkpoint failed before it"
+        )
+    write(body, status)
+
+
 def before_cut(body: dict, write: Writer, session: dict | None = None) -> str | None:
     """Run preCheckpoint (and check that postCheckpoint can run) before the snapshot is made.
     None when the cut may go on; otherwise the message to fail the checkpoint with
@@ -137,21 +152,14 @@ def before_cut(body: dict, write: Writer, session: dict | None = None) -> str | 
         return None
     refused = refusal(PRE if hooks.pre_checkpoint else POST, pod, node)
     if refused:
-        if _phase(body, PRE) is not None:
-            write(body, {"hooks": _hook_status(body, PRE, HookPhase.FAILED)})
+        _failed_before_cut(body, write, refused, None)
         return refused
     if hooks.pre_checkpoint is None or _phase(body, PRE) is None:
         return None
     container, result = _exec(body, PRE, hooks.pre_checkpoint, pod)
     if not result.ok:
         message = describe(PRE, hooks.pre_checkpoint, container, result, env_values(pod))
-        write(
-            body,
-            {
-                "hooks": _hook_status(body, PRE, HookPhase.FAILED, result),
-                "conditions": _condition(body, PRE, False, Reason.HOOK_FAILED, message),
-            },
-        )
+        _failed_before_cut(body, write, message, result)
         return message
     done = f"{PRE} hook ran in container {container} in {int(result.seconds * 1000)} ms"
     write(
