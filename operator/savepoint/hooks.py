@@ -133,7 +133,7 @@ def stderr_tail(stderr: str, secrets: list[str], lines: int = TAIL_LINES, width:
     return out
 
 
-def describe(which: str, hook: CheckpointHook, container: str, result: ExecResult, secrets: list[str]) -> str:
+def describe(which: str, hook: CheckpointHook, container: str | None, result: ExecResult, secrets: list[str]) -> str:
     """The one-paragraph message of a failed hook: what ran where, how it ended, and the
     scrubbed tail of its stderr. Never the command's env; the command itself is the
     Session's spec, readable by whoever reads the Checkpoint."""
@@ -144,7 +144,8 @@ def describe(which: str, hook: CheckpointHook, container: str, result: ExecResul
         how = f"could not run: {scrub(result.error, secrets)[:LINE_CHARS]}"
     else:
         how = f"exited with code {result.exit_code}"
-    message = f"{which} hook {program!r} in container {container} {how}"
+    where = f" in container {container}" if container else ""
+    message = f"{which} hook {program!r}{where} {how}"
     tail = stderr_tail(result.stderr, secrets)
     if tail:
         message += "; stderr (last lines): " + " | ".join(tail)

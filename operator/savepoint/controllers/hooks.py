@@ -79,11 +79,11 @@ def _session_and_pod(body: dict, session: dict | None) -> tuple[dict | None, dic
     return session, pod, node
 
 
-def _exec(body: dict, which: str, hook: CheckpointHook, pod: dict) -> tuple[str, ExecResult]:
+def _exec(body: dict, which: str, hook: CheckpointHook, pod: dict) -> tuple[str | None, ExecResult]:
     """(container, result) of one run; a container that is not there is a result too."""
     container, why = container_of(hook, pod)
     if container is None:
-        return "?", ExecResult(None, error=why)
+        return None, ExecResult(None, error=why)
     outcome = k8s.exec_in_pod(
         pod["metadata"]["namespace"],
         pod["metadata"]["name"],
@@ -206,7 +206,7 @@ def after_cut(body: dict, write: Writer) -> None:
         return
     refused = refusal(POST, pod, node)
     if refused:
-        container, result, message = "?", ExecResult(None, error=refused), refused
+        container, result, message = None, ExecResult(None, error=refused), refused
     else:
         container, result = _exec(body, POST, hook, pod)
         message = describe(POST, hook, container, result, env_values(pod))
