@@ -258,14 +258,16 @@ def _exec_as(api: client.ApiClient, core, namespace: str, account: str, pod: str
         own.close()
 
 
-def test_pods_exec_create_is_the_grant_the_hooks_need(operator, api, crds, core, namespace, harness_image):
-    """The chart grants `create` on pods/exec and not `get`: the API server must ask for create."""
+def test_pods_exec_get_and_create_are_the_grant_the_hooks_need(operator, api, crds, core, namespace, harness_image):
+    """The chart grants get and create on pods/exec: a websocket exec is a GET, which the API
+    server authorizes as `get` and then, for the upgrade, as `create`."""
     pod = real_session(crds, namespace, "s1", harness_image).metadata.name
     rbac = client.RbacAuthorizationV1Api(api)
-    for verb in ("create", "get"):
-        account = f"exec-{verb}"
+    outcomes = {}
+    for verbs in (["get", "create"], ["create"], ["get"]):
+        account = "exec-" + "-".join(verbs)
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-        rule = {"apiGroups": [""], "resources": ["pods/exec"], "verbs": [verb]}
+        rule = {"apiGroups": [""], "resources": ["pods/exec"], "verbs": verbs}
         rbac.create_namespaced_role(namespace, {"metadata": {"name": account}, "rules": [rule]})
         rbac.create_namespaced_role_binding(
             namespace,
@@ -275,6 +277,6 @@ def test_pods_exec_create_is_the_grant_the_hooks_need(operator, api, crds, core,
                 "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
             },
         )
-    assert _exec_as(api, core, namespace, "exec-create", pod) == 0
-    refused = _exec_as(api, core, namespace, "exec-get", pod)
-    assert refused != 0 and "403" in str(refused)
+        outcome = _exec_as(api, core, namespace, account, pod)
+        outcomes[account] = outcome if outcome == 0 else ("403" if "403" in str(outcome) else outcome)
+    assert outcomes == {"exec-get-create": 0, "exec-create": "403", "exec-get": "403"}

@@ -138,7 +138,7 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
         | grant("apiextensions.k8s.io", ["customresourcedefinitions"], "get list watch")
         | grant("kopf.dev", ["clusterkopfpeerings", "kopfpeerings"], "get list watch patch")
         # Checkpoint hooks (hooks.enabled, on by default).
-        | grant("", ["pods/exec"], "create")
+        | grant("", ["pods/exec"], "get create")
         | grant("", ["nodes"], "get")
     )
     assert granted == expected
