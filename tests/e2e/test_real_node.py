@@ -500,3 +500,20 @@ def test_sandboxes_keep_running_across_kubelet_and_containerd_restarts(in_cluste
     status = core.read_namespaced_pod(pod, ns).status.container_statuses[0]
     assert status.restart_count == 0
     assert status.state.running.started_at == started
+
+
+def test_the_chart_lets_the_operator_run_checkpoint_hooks(in_cluster_operator, crds, core, ns):
+    """The chart's RBAC (pods/exec get and create, nodes get) is enough for both hooks."""
+    flush = {"exec": {"command": ["python", "-m", "savepoint.harness", "flush"]}}
+    hooks = {"preCheckpoint": flush, "postCheckpoint": {"exec": {"command": ["true"]}}}
+    make_session(crds, ns, "hk", in_cluster_operator["harness"], checkpointPolicy={"hooks": hooks})
+    wait_phase(crds, ns, "sessions", "hk", "Ready")
+    pod = running_pod(core, ns, "hk").metadata.name
+    harness(ns, pod, "turn", "--message", "later", "--write", "kept.txt=flushed", "--buffered")
+    wait_phase(crds, ns, "sessions", "hk", "Ready")
+    create(crds, ns, "checkpoints", "Checkpoint", "c1", {"sessionName": "hk"})
+    body = wait_phase(crds, ns, "checkpoints", "c1", "Ready", "Failed", "Rejected")
+    assert body["status"]["phase"] == "Ready", body["status"]
+    runs = body["status"]["hooks"]
+    assert runs["preCheckpoint"]["phase"] == "Succeeded" and runs["postCheckpoint"]["phase"] == "Succeeded", runs
+    assert harness(ns, pod, "read", "kept.txt").stdout == "flushed"
