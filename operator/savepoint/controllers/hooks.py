@@ -154,7 +154,17 @@ def before_cut(body: dict, write: Writer, session: dict | None = None) -> str | 
     if refused:
         _failed_before_cut(body, write, refused, None)
         return refused
-    if hooks.pre_checkpoint is None or _phase(body, PRE) is None:
+    if _phase(body, PRE) is None:
+        return None
+    if hooks.pre_checkpoint is None:  # removed from the Session since admission
+        why = f"the session has no {PRE} hook any more"
+        write(
+            body,
+            {
+                "hooks": _hook_status(body, PRE, HookPhase.SKIPPED),
+                "conditions": _condition(body, PRE, True, Reason.HOOK_SKIPPED, why),
+            },
+        )
         return None
     container, result = _exec(body, PRE, hooks.pre_checkpoint, pod)
     if not result.ok:
