@@ -43,12 +43,14 @@ class RejectReason(StrEnum):
     SNAPSHOTS_UNSUPPORTED = "SnapshotsUnsupported"
     SESSION_NOT_FOUND = "SessionNotFound"
     INVALID_POLICY = "InvalidWorkspacePolicy"
+    HOOKS_DISABLED = "HooksDisabled"
 
 
 class FailReason(StrEnum):
     SNAPSHOT_FAILED = "SnapshotFailed"
     SNAPSHOT_TIMEOUT = "SnapshotTimeout"
     SNAPSHOT_LOST = "SnapshotLost"
+    HOOK_FAILED = "HookFailed"
 
 
 class WaitReason(StrEnum):
@@ -137,6 +139,7 @@ class SessionView:
     claim: str | None = None
     storage_class: str | None = None
     cursor: Cursor | None = None  # the log's end as admission read it (the cut)
+    hooks: bool = False  # the Session's checkpointPolicy has a pre- or postCheckpoint hook
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,7 @@ def admit(
     quota: QuotaUse,
     snapshot_class: str | None,
     patience: Patience | None = None,
+    hooks_enabled: bool = True,
 ) -> Rejection | Wait | None:
     """None to accept; a Wait while what is missing can still come; otherwise the terminal
     rejection and why, in DESIGN's order. What cannot change is refused at once."""
@@ -166,6 +170,12 @@ def admit(
         if patience.waited < patience.missing_grace:
             return Wait(WaitReason.WAITING_FOR_SESSION, f"waiting for session {spec.session_name} to be created")
         return Rejection(RejectReason.SESSION_NOT_FOUND, f"session {spec.session_name} not found")
+    if session.hooks and not hooks_enabled:
+        return Rejection(
+            RejectReason.HOOKS_DISABLED,
+            f"session {spec.session_name} has checkpointPolicy.hooks, and this operator runs no hooks "
+            "(SAVEPOINT_HOOKS=false, chart value hooks.enabled); remove the hooks or enable them",
+        )
     if session.phase == SessionPhase.RUNNING:
         return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
     if session.phase == SessionPhase.AWAITING_APPROVAL:

@@ -75,6 +75,11 @@ class Settings:
     # Port of the webhook's HTTPS server (path `/validate-checkpoints`), when
     # `SAVEPOINT_WEBHOOK` is true.
     webhook_port: int = field(default_factory=lambda: int(_env("WEBHOOK_PORT", "9443")))
+    # Run Sessions' checkpoint hooks (`checkpointPolicy.hooks`) in their sandboxes through
+    # the API server's `pods/exec`. When false, a Checkpoint of a Session with hooks is
+    # Rejected (`HooksDisabled`); the chart's `hooks.enabled: false` sets this and drops
+    # the `pods/exec` grant ([security](docs/security.md#checkpoint-hooks)).
+    hooks: bool = field(default_factory=lambda: _bool("HOOKS", True))
     # Address the webhook server listens on.
     webhook_addr: str = field(default_factory=lambda: _env("WEBHOOK_ADDR", "0.0.0.0"))
     # Folder with the webhook's `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret, mounted).

@@ -78,6 +78,9 @@ class ConditionType(StrEnum):
     EVENT_LOG_READABLE = "EventLogReadable"
     IDLE = "Idle"  # spec.idle: True while the operator keeps the session paused for idleness
     HEARTBEAT_STALE = "HeartbeatStale"
+    # On a Checkpoint of a Session with hooks: how each hook went.
+    PRE_CHECKPOINT_HOOK = "PreCheckpointHook"
+    POST_CHECKPOINT_HOOK = "PostCheckpointHook"
 
 
 class Reason(StrEnum):
@@ -110,3 +113,7 @@ class Reason(StrEnum):
     SNAPSHOTTING = "Snapshotting"
     SNAPSHOT_READY = "SnapshotReady"
     TTL_EXPIRED = "TTLExpired"
+    HOOK_SUCCEEDED = "HookSucceeded"
+    HOOK_FAILED = "HookFailed"
+    HOOK_SKIPPED = "HookSkipped"
+    HOOK_INTERRUPTED = "HookInterrupted"

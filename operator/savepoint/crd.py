@@ -9,6 +9,7 @@ hack/update-crds writes the result to crds/ and the Helm chart; `hack/update-crd
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
             out["type"] = "string"
             out[key] = value
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # a shared $defs list would be a YAML anchor in the CRD
     if out.get("x-kubernetes-preserve-unknown-fields"):
         out.pop("additionalProperties", None)
         out.pop("default", None)

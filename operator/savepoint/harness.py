@@ -9,11 +9,15 @@ restores each file whole or not at all. docs/event-log.md describes it.
     serve                           the container's main process: wait for SIGTERM,
                                     writing a heartbeat every SAVEPOINT_HEARTBEAT_SECONDS
     turn --message TEXT [--reply TEXT] [--write PATH=CONTENT ...]
-         [--input-tokens N] [--output-tokens N]
+         [--input-tokens N] [--output-tokens N] [--buffered]
                                     one run: run.started, user.message, agent.message
                                     (with its token usage), the files, run.completed;
-                                    prints the seqs as JSON
+                                    prints the seqs as JSON. --buffered keeps the files
+                                    in the harness's buffer (outside the workspace) until
+                                    `flush`
     heartbeat                       write one resource sample now; prints it
+    flush                           move the buffered files into the workspace, each
+                                    atomically (a preCheckpoint hook)
     write PATH CONTENT              write one workspace file atomically
     read PATH                       print a workspace file (exit 1 when absent)
     append TYPE JSON [--subject S]  append one event; prints it
@@ -48,6 +52,10 @@ DEFAULT_HEARTBEAT_SECONDS = 10.0
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # cgroup v1 says "no limit" with LONG_MAX rounded down to a page; anything this large is none.
 UNLIMITED = 2**62
+# Where `turn --buffered` keeps writes the workspace does not hold yet: the container's own
+# filesystem, which no checkpoint captures (what an agent's in-memory state is to a snapshot).
+BUFFER_ENV = "SAVEPOINT_HARNESS_BUFFER"
+DEFAULT_BUFFER = "/tmp/savepoint-harness-buffer"
 RECORD_MAGIC = b"savepoint-harness-record"
 
 # verify's exit codes
@@ -104,6 +112,39 @@ def parse_assignment(text: str) -> tuple[str, str]:
     if not sep or not path:
         raise HarnessError(f"--write {text!r}: expected PATH=CONTENT")
     return path, content
+
+
+# ------------------------------------------------------------------ the write buffer
+
+
+def buffer_dir() -> Path:
+    return Path(os.environ.get(BUFFER_ENV) or DEFAULT_BUFFER)
+
+
+def buffer_write(buffer: Path, path: str, content: bytes) -> Path:
+    """Keep one pending write (PATH relative to the workspace) in the buffer. Entries are
+    named by the time they were made, so `flush` applies them in order (the last write of a
+    path wins); each entry is itself written atomically."""
+    entry = buffer / f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}.json"
+    record = {"path": path, "content": content.decode("utf-8", "surrogateescape")}
+    write_atomic(entry, json.dumps(record).encode("utf-8", "surrogateescape"))
+    return entry
+
+
+def flush(buffer: Path, root: Path) -> list[str]:
+    """Move every pending write into the workspace, oldest first: each file is written
+    atomically (write_atomic) before its entry goes, so a crash in between leaves the entry
+    to apply again, never a half file. Returns the workspace paths written."""
+    written: list[str] = []
+    if not buffer.is_dir():
+        return written
+    for entry in sorted(p for p in buffer.iterdir() if p.suffix == ".json" and not p.name.startswith(".")):
+        record = json.loads(entry.read_bytes().decode("utf-8", "surrogateescape"))
+        target = resolve(record["path"], root)
+        write_atomic(target, record["content"].encode("utf-8", "surrogateescape"))
+        entry.unlink()
+        written.append(str(target.relative_to(root)))
+    return written
 
 
 # --------------------------------------------------------- self-checking records
@@ -195,8 +236,10 @@ def turn(
     root: Path,
     input_tokens: int | None = None,
     output_tokens: int | None = None,
+    buffer: Path | None = None,
 ) -> dict[str, Any]:
     """One run of the reference "agent": it answers, writes its files, and closes the run.
+    With `buffer`, the files go to the buffer instead of the workspace (`flush` moves them).
     A failure after run.started still closes the run (with the error), so the Session
     does not stay Running forever."""
     targets = [(resolve(p, root), content) for p, content in writes]  # bad paths fail before any event
@@ -210,7 +253,10 @@ def turn(
         spent = token_usage(message, text, input_tokens, output_tokens)
         agent = log.append("agent.message", {"runId": run_id, "text": text, "files": files, "usage": spent})
         for target, content in targets:
-            write_atomic(target, content.encode())
+            if buffer is not None:
+                buffer_write(buffer, str(target.relative_to(root)), content.encode())
+            else:
+                write_atomic(target, content.encode())
     except BaseException as err:
         log.append("run.completed", {"runId": run_id, "error": f"{type(err).__name__}: {err}"})
         raise
@@ -222,6 +268,7 @@ def turn(
         "agentMessage": agent.seq,
         "runCompleted": completed.seq,
         "files": files,
+        **({"buffered": True} if buffer is not None else {}),
     }
 
 
@@ -421,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--input-tokens", type=int, help="tokens the model call read (default: the message's words)")
     t.add_argument("--output-tokens", type=int, help="tokens it wrote (default: the reply's words)")
     sub.add_parser("heartbeat", help="write one resource sample to the session's heartbeat object")
+    t.add_argument("--buffered", action="store_true", help="keep the files in the buffer until `flush`")
+    sub.add_parser("flush", help="move the buffered files into the workspace (a preCheckpoint hook)")
     w = sub.add_parser("write", help="write a workspace file atomically")
     w.add_argument("path")
     w.add_argument("content")
@@ -449,12 +498,17 @@ def run(argv: Sequence[str] | None = None) -> int:
         for flag, value in (("--input-tokens", args.input_tokens), ("--output-tokens", args.output_tokens)):
             if value is not None and value < 0:
                 raise HarnessError(f"{flag} must not be negative")
-        got = turn(open_log(), args.message, args.reply, writes, root, args.input_tokens, args.output_tokens)
+        buffer = buffer_dir() if args.buffered else None
+        got = turn(
+            open_log(), args.message, args.reply, writes, root, args.input_tokens, args.output_tokens, buffer=buffer
+        )
         print(json.dumps(got))
     elif args.command == "heartbeat":
         beat = sample(root)
         write_heartbeat(open_log(), beat)
         print(json.dumps(beat))
+    elif args.command == "flush":
+        print(json.dumps({"flushed": flush(buffer_dir(), root)}))
     elif args.command == "write":
         target = resolve(args.path, root)
         write_atomic(target, args.content.encode())

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import urllib3
 from kubernetes import client, config
@@ -154,6 +154,91 @@ def get_pvc(namespace: str, name: str) -> dict | None:
 
 def get_namespace(name: str) -> dict:
     return _raw(core().read_namespace(name, _preload_content=False))
+
+
+def get_node(name: str) -> dict | None:
+    try:
+        return _raw(core().read_node(name, _preload_content=False))
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+class ExecOutcome(NamedTuple):
+    """How an exec ended: its exit code (None when it did not run to an end), a timeout,
+    the kept end of stderr, an error of the exec itself, and its wall time."""
+
+    exit_code: int | None
+    timed_out: bool = False
+    stderr: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+
+
+def exec_in_pod(namespace: str, pod: str, container: str, command: list[str], timeout: float, keep: int) -> ExecOutcome:
+    """Run `command` in a container through the API server's pods/exec (a websocket) and
+    wait at most `timeout` seconds for it to end. Only stderr's last `keep` characters are
+    kept; stdout is read and dropped. Never raises for the command's own failure: that is
+    the result. On a timeout the stream is closed; the process in the container may run on.
+    """
+    import yaml
+    from kubernetes.stream import stream
+    from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
+
+    # stream() swaps the transport of the ApiClient it is given while it connects: its own
+    # client, so the shared one keeps serving the other threads' requests meanwhile.
+    own = client.ApiClient(api_client().configuration)
+    started = time.monotonic()
+    try:
+        ws = stream(
+            client.CoreV1Api(own).connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=command,
+            container=container,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+            _preload_content=False,
+        )
+    except ApiException as err:
+        metrics.api_requests.labels("EXEC", str(err.status)).inc()
+        return ExecOutcome(None, error=status_message(err) or str(err), seconds=time.monotonic() - started)
+    metrics.api_requests.labels("EXEC", "101").inc()
+    stderr, error = "", ""
+    try:
+        deadline = started + timeout
+        while ws.is_open():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ExecOutcome(None, timed_out=True, stderr=stderr, seconds=time.monotonic() - started)
+            ws.update(timeout=min(left, 1.0))
+            ws.read_channel(STDOUT_CHANNEL)
+            stderr = (stderr + ws.read_channel(STDERR_CHANNEL))[-keep:]
+            error += ws.read_channel(ERROR_CHANNEL)
+        stderr = (stderr + ws.read_channel(STDERR_CHANNEL))[-keep:]
+        error += ws.read_channel(ERROR_CHANNEL)
+    finally:
+        ws.close()
+        own.close()
+    seconds = time.monotonic() - started
+    # The error channel ends the exec with a metav1.Status: Success, NonZeroExitCode with
+    # the code, or why the exec itself failed (no such executable, container gone).
+    try:
+        status = yaml.safe_load(error) if error else None
+    except yaml.YAMLError:
+        status = None
+    if not isinstance(status, dict):
+        return ExecOutcome(None, stderr=stderr, error="the exec ended without an exit status", seconds=seconds)
+    if status.get("status") == "Success":
+        return ExecOutcome(0, stderr=stderr, seconds=seconds)
+    causes = (status.get("details") or {}).get("causes") or []
+    code = next((c.get("message") for c in causes if c.get("reason") == "ExitCode"), None)
+    if status.get("reason") == "NonZeroExitCode" and code is not None and str(code).isdigit():
+        return ExecOutcome(int(code), stderr=stderr, seconds=seconds)
+    return ExecOutcome(None, stderr=stderr, error=str(status.get("message") or "exec failed"), seconds=seconds)
 
 
 def ensure_pod(body: dict) -> dict:

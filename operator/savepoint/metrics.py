@@ -26,6 +26,12 @@ restore_seconds = Histogram(
 checkpoint_transitions = Counter(
     "savepoint_checkpoint_transitions_total", "Checkpoints reaching a phase", ["phase", "reason"]
 )
+hook_seconds = Histogram(
+    "savepoint_checkpoint_hook_duration_seconds",
+    "Checkpoint hooks run in sandboxes, by hook and result",
+    ["hook", "result"],
+    buckets=BUCKETS,
+)
 fork_transitions = Counter("savepoint_fork_transitions_total", "Forks reaching a phase", ["phase", "reason"])
 expiries = Counter("savepoint_checkpoint_expiries_total", "Checkpoints expired by the TTL controller")
 log_appends = Counter("savepoint_eventlog_appends_total", "Events the operator appended to session logs", ["type"])

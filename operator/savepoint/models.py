@@ -106,10 +106,38 @@ class WorkspaceSpec(Model):
     reclaim_on_pause: bool = False
 
 
+# A container name in a Pod (an RFC 1123 label).
+CONTAINER_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A hook holds a worker thread while it runs: bounded well below the snapshot timeout.
+MAX_HOOK_SECONDS = 300
+
+
+class ExecAction(Model):
+    # argv, run without a shell (wrap it in `sh -c` for one); each word non-empty.
+    command: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(min_length=1, max_length=64)
+
+
+class CheckpointHook(Model):
+    """A command run in the sandbox through the API server's pods/exec (docs/checkpoints.md)."""
+
+    exec: ExecAction
+    # The container to run it in; default: the Pod template's first container.
+    container: str | None = Field(default=None, max_length=63, pattern=CONTAINER_NAME)
+    timeout_seconds: int = Field(default=30, ge=1, le=MAX_HOOK_SECONDS)
+
+
+class CheckpointHooks(Model):
+    # Runs before the cut; a failure fails the checkpoint (HookFailed) and no snapshot is taken.
+    pre_checkpoint: CheckpointHook | None = None
+    # Runs once the snapshot is cut or has failed; a failure is a Warning and a condition only.
+    post_checkpoint: CheckpointHook | None = None
+
+
 class CheckpointPolicy(Model):
     ttl: str | None = Field(default=None, pattern=DURATION_PATTERN, max_length=32)
     after_each_run: bool = False
     keep_last: int | None = Field(default=None, ge=1, le=1000)
+    hooks: CheckpointHooks | None = None
 
 
 # A zero duration (only zero digits, whatever the units) would pause a session the moment
@@ -349,6 +377,30 @@ class CheckpointResume(Model):
     message: str | None = None
 
 
+class HookPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SKIPPED = "Skipped"
+    INTERRUPTED = "Interrupted"
+
+
+# Written before the next side effect: a restart never runs preCheckpoint after the cut,
+# nor postCheckpoint twice.
+class HookRunStatus(Model):
+    """How one hook ran for this checkpoint."""
+
+    phase: HookPhase
+    exit_code: int | None = None
+    duration_ms: int | None = None
+
+
+class CheckpointHooksStatus(Model):
+    pre_checkpoint: HookRunStatus | None = None
+    post_checkpoint: HookRunStatus | None = None
+
+
 class CheckpointStatus(Model):
     observed_generation: int | None = None
     phase: CheckpointPhase | None = None
@@ -364,6 +416,8 @@ class CheckpointStatus(Model):
     created_at: str | None = None
     ready_at: str | None = None
     expires_at: str | None = None
+    # Only for a checkpoint of a Session with hooks.
+    hooks: CheckpointHooksStatus | None = None
     conditions: list[Condition] = Field(default_factory=list)
 
 

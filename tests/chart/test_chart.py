@@ -116,13 +116,16 @@ def test_rbac_is_exactly_what_the_operator_uses(default):
         | grant("rbac.authorization.k8s.io", ["roles"], "get list create patch")
         | grant("rbac.authorization.k8s.io", ["rolebindings"], "get list create")
         | grant("", ["namespaces"], "get list watch")
-        | grant("", ["events"], "create patch")
+        | grant("", ["events"], "create patch list")
         | grant("events.k8s.io", ["events"], "create patch")
         | grant("storage.k8s.io", ["storageclasses"], "get")
         | grant("snapshot.storage.k8s.io", ["volumesnapshots"], "get list watch create patch delete")
         | grant("snapshot.storage.k8s.io", ["volumesnapshotclasses"], "get list")
         | grant("apiextensions.k8s.io", ["customresourcedefinitions"], "get list watch")
         | grant("kopf.dev", ["clusterkopfpeerings", "kopfpeerings"], "get list watch patch")
+        # Checkpoint hooks (hooks.enabled, on by default).
+        | grant("", ["pods/exec"], "get create")
+        | grant("", ["nodes"], "get")
     )
     assert granted == expected
     binding = one(default, "ClusterRoleBinding")
@@ -206,6 +209,15 @@ def test_several_replicas_need_peering(helm):
     single = render(helm, "peering.enabled=false", "replicaCount=1")
     assert env(single)["SAVEPOINT_PEERING"] == ""
     assert not kinds(single) & {"ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget"}
+
+
+def test_hooks_off_drops_the_exec_grant_and_tells_the_operator(helm, default):
+    assert env(default)["SAVEPOINT_HOOKS"] == "true"
+    off = render(helm, "hooks.enabled=false")
+    assert env(off)["SAVEPOINT_HOOKS"] == "false"
+    resources = {r for rule in one(off, "ClusterRole")["rules"] for r in rule["resources"]}
+    assert "pods/exec" not in resources and "nodes" not in resources
+    assert "pods" in resources
 
 
 def test_webhook_objects_only_when_enabled(helm, default):

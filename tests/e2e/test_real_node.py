@@ -532,3 +532,20 @@ def test_a_workspace_the_node_plugin_cannot_publish_shows_on_the_session(in_clus
     finally:
         folder.with_name(folder.name + ".gone").rename(folder)
     running_pod(core, ns, "s1", not_uid=s1.metadata.uid)  # the kubelet retries and the mount succeeds
+
+
+def test_the_chart_lets_the_operator_run_checkpoint_hooks(in_cluster_operator, crds, core, ns):
+    """The chart's RBAC (pods/exec get and create, nodes get) is enough for both hooks."""
+    flush = {"exec": {"command": ["python", "-m", "savepoint.harness", "flush"]}}
+    hooks = {"preCheckpoint": flush, "postCheckpoint": {"exec": {"command": ["true"]}}}
+    make_session(crds, ns, "hk", in_cluster_operator["harness"], checkpointPolicy={"hooks": hooks})
+    wait_phase(crds, ns, "sessions", "hk", "Ready")
+    pod = running_pod(core, ns, "hk").metadata.name
+    harness(ns, pod, "turn", "--message", "later", "--write", "kept.txt=flushed", "--buffered")
+    wait_phase(crds, ns, "sessions", "hk", "Ready")
+    create(crds, ns, "checkpoints", "Checkpoint", "c1", {"sessionName": "hk"})
+    body = wait_phase(crds, ns, "checkpoints", "c1", "Ready", "Failed", "Rejected")
+    assert body["status"]["phase"] == "Ready", body["status"]
+    runs = body["status"]["hooks"]
+    assert runs["preCheckpoint"]["phase"] == "Succeeded" and runs["postCheckpoint"]["phase"] == "Succeeded", runs
+    assert harness(ns, pod, "read", "kept.txt").stdout == "flushed"

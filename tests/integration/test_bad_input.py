@@ -84,6 +84,36 @@ REFUSED = [
         "at least one event type",
     ),
     Refused("harness-name-1MiB", session(harness={"name": "h" * MiB}), "spec.harness.name"),
+    Refused(
+        "hook-command-empty",
+        session(checkpointPolicy={"hooks": {"preCheckpoint": {"exec": {"command": []}}}}),
+        "spec.checkpointPolicy.hooks.preCheckpoint.exec.command",
+    ),
+    Refused(
+        "hook-command-word-empty",
+        session(checkpointPolicy={"hooks": {"preCheckpoint": {"exec": {"command": ["sync", ""]}}}}),
+        "spec.checkpointPolicy.hooks.preCheckpoint.exec.command[1]",
+    ),
+    Refused(
+        "hook-without-exec",
+        session(checkpointPolicy={"hooks": {"postCheckpoint": {"timeoutSeconds": 5}}}),
+        "spec.checkpointPolicy.hooks.postCheckpoint.exec",
+    ),
+    Refused(
+        "hook-timeout-zero",
+        session(checkpointPolicy={"hooks": {"preCheckpoint": {"exec": {"command": ["sync"]}, "timeoutSeconds": 0}}}),
+        "spec.checkpointPolicy.hooks.preCheckpoint.timeoutSeconds",
+    ),
+    Refused(
+        "hook-timeout-over-300",
+        session(checkpointPolicy={"hooks": {"postCheckpoint": {"exec": {"command": ["sync"]}, "timeoutSeconds": 301}}}),
+        "spec.checkpointPolicy.hooks.postCheckpoint.timeoutSeconds",
+    ),
+    Refused(
+        "hook-container-bad-name",
+        session(checkpointPolicy={"hooks": {"preCheckpoint": {"exec": {"command": ["sync"]}, "container": "A_b"}}}),
+        "spec.checkpointPolicy.hooks.preCheckpoint.container",
+    ),
     Refused("pod-template-list", session(podTemplate=[]), "spec.podTemplate"),
     Refused("source-both", session(source={"checkpoint": "c1", "session": "s1"}), "spec.source", "exactly one"),
     Refused(

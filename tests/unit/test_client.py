@@ -28,6 +28,7 @@ from savepoint.models import CheckpointPhase, SessionSpec
         ("ZeroDataRetention", errors.ZeroDataRetention, 409),
         ("TargetExists", errors.TargetExists, 409),
         ("SnapshotsUnsupported", errors.SnapshotsUnsupported, 501),
+        ("HooksDisabled", errors.HooksDisabled, 501),
         ("SessionNotFound", errors.SessionNotFound, 404),
         ("CheckpointNotFound", errors.CheckpointNotFound, 404),
         ("EventNotFound", errors.EventNotFound, 404),

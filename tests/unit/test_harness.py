@@ -259,3 +259,28 @@ def test_serve_keeps_serving_when_its_heartbeat_cannot_be_written(tmp_path: Path
     finally:
         watchdog.cancel()
         proc.kill()
+
+
+def test_flush_moves_buffered_writes_into_the_workspace_in_order(tmp_path: Path) -> None:
+    root, buffer = tmp_path / "ws", tmp_path / "buffer"
+    root.mkdir()
+    harness.buffer_write(buffer, "notes/plan.md", b"v1")
+    harness.buffer_write(buffer, "notes/plan.md", b"v2")
+    harness.buffer_write(buffer, "todo.txt", b"ship")
+    assert not (root / "notes" / "plan.md").exists()  # buffered: not in the workspace yet
+    env = {**os.environ, "SAVEPOINT_WORKSPACE": str(root), "SAVEPOINT_HARNESS_BUFFER": str(buffer)}
+    done = subprocess.run(
+        [sys.executable, "-m", "savepoint.harness", "flush"], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"flushed": ["notes/plan.md", "notes/plan.md", "todo.txt"]' in done.stdout
+    assert (root / "notes" / "plan.md").read_bytes() == b"v2"  # the last write wins
+    assert (root / "todo.txt").read_bytes() == b"ship"
+    assert list(buffer.iterdir()) == []
+    assert harness.flush(buffer, root) == []  # nothing left: a second flush is a no-op
+
+
+def test_flush_refuses_a_buffered_path_outside_the_workspace(tmp_path: Path) -> None:
+    harness.buffer_write(tmp_path / "buffer", "../escape", b"x")
+    with pytest.raises(HarnessError):
+        harness.flush(tmp_path / "buffer", tmp_path / "ws")

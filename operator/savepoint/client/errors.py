@@ -127,6 +127,12 @@ class SnapshotsUnsupported(ClientError):
     reason, http_status = "SnapshotsUnsupported", 501
 
 
+class HooksDisabled(ClientError):
+    """The session has checkpoint hooks and the operator runs none (SAVEPOINT_HOOKS=false)."""
+
+    reason, http_status = "HooksDisabled", 501
+
+
 # --- 422: the request itself cannot be done -------------------------------------------
 
 
@@ -237,6 +243,7 @@ _BY_REASON: dict[str, type[ClientError]] = {
         CheckpointNotReady,
         TargetExists,
         SnapshotsUnsupported,
+        HooksDisabled,
         InvalidTarget,
         SnapshotFailed,
         SnapshotLost,

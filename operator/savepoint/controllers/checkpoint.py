@@ -46,9 +46,11 @@ from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
 from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
 from savepoint.controllers import has_run, object_lock, one_pass
+from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor, effective_history, summarize
+from savepoint.hooks import hooks_of
 from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
 from savepoint.session import SESSION_LABEL, owner_reference
 
@@ -176,7 +178,13 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         driver = k8s.csi_driver_of_claim(pvc) if pvc else None
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
         snapshot_class = _snapshot_class(driver, wanted)
-        view = SessionView(exists=True, phase=phase, claim=claim, cursor=view_cursor)
+        view = SessionView(
+            exists=True,
+            phase=phase,
+            claim=claim,
+            cursor=view_cursor,
+            hooks=hooks_of(session.get("spec")) is not None,
+        )
     if policy.max_checkpoints is None and policy.max_checkpoint_bytes is None:
         # No quota to check: skip listing every checkpoint in the namespace, which costs
         # O(checkpoints) per admission and dominated admission at thousands of them.
@@ -198,7 +206,7 @@ def check(namespace: str, name: str, spec: CheckpointSpec, settings: Settings) -
         policy, _, view, quota, snapshot_class = observe_admission(namespace, spec, name, settings)
     except PolicyError as err:
         return Rejection(RejectReason.INVALID_POLICY, str(err))
-    answer = admit(name, spec, policy, view, quota, snapshot_class, _patience(settings))
+    answer = admit(name, spec, policy, view, quota, snapshot_class, _patience(settings), hooks_enabled=settings.hooks)
     return answer if isinstance(answer, Rejection) else None
 
 
@@ -215,7 +223,16 @@ def _admit(body: dict, settings: Settings) -> None:
         policy, session, view, quota, snapshot_class = observe_admission(
             meta["namespace"], spec, meta["name"], settings
         )
-        rejection = admit(meta["name"], spec, policy, view, quota, snapshot_class, _patience(settings, body))
+        rejection = admit(
+            meta["name"],
+            spec,
+            policy,
+            view,
+            quota,
+            snapshot_class,
+            _patience(settings, body),
+            hooks_enabled=settings.hooks,
+        )
     except PolicyError as err:
         rejection = Rejection(RejectReason.INVALID_POLICY, str(err))
     if isinstance(rejection, Wait):
@@ -250,9 +267,11 @@ def _admit(body: dict, settings: Settings) -> None:
     cursor = view.cursor or event_log(session).cursor()
     created = _now()
     session_spec = session.get("spec") or {}
+    hooks = checkpoint_hooks.initial_status(session)
     _write(
         body,
         {
+            **({"hooks": hooks} if hooks else {}),
             "phase": CheckpointPhase.PENDING.value,
             "reason": None,
             "message": f"snapshotting {view.claim} through event {cursor.seq}",
@@ -270,6 +289,7 @@ def _admit(body: dict, settings: Settings) -> None:
     )
     body["status"]["_claim"] = view.claim
     body["status"]["_class"] = snapshot_class
+    body["status"]["_session"] = session
 
 
 def _write_waiting(body: dict, wait: Wait) -> None:
@@ -317,6 +337,10 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         if claim is None or snapshot_class is None:
             _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
             return
+        refused = checkpoint_hooks.before_cut(body, _write, status.get("_session"))
+        if refused:
+            _fail(body, FailReason.HOOK_FAILED, refused)  # before the cut: no snapshot, no postCheckpoint
+            return
         failpoints.hit("checkpoint.before_snapshot_created")
         snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
         failpoints.hit("checkpoint.after_snapshot_created")
@@ -327,11 +351,13 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         return
     state = snapshot_state(snapshot)
     if state.error:
+        checkpoint_hooks.after_cut(body, _write)
         _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
         return
     if not state.ready:
         created = parse_time(status["createdAt"])
         if _now() - created > settings.snapshot_timeout:
+            checkpoint_hooks.after_cut(body, _write)
             _fail(
                 body,
                 FailReason.SNAPSHOT_TIMEOUT,
@@ -339,6 +365,7 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
                 "(SAVEPOINT_SNAPSHOT_TIMEOUT)",
             )
         return  # the VolumeSnapshot watch brings us back
+    checkpoint_hooks.after_cut(body, _write)
     _become_ready(body, state.restore_size)
 
 

@@ -130,7 +130,7 @@ if settings.webhook:
         if rejection is not None:
             code = (
                 501
-                if rejection.reason == "SnapshotsUnsupported"
+                if rejection.reason in ("SnapshotsUnsupported", "HooksDisabled")
                 else 404
                 if rejection.reason == "SessionNotFound"
                 else 409
