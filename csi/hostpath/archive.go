@@ -27,7 +27,7 @@ func writeTar(dir string, w io.Writer) error {
 	tw := tar.NewWriter(w)
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			return err
+			return skipVanished(err)
 		}
 		rel, err := filepath.Rel(dir, path)
 		if err != nil || rel == "." {
@@ -35,7 +35,20 @@ func writeTar(dir string, w io.Writer) error {
 		}
 		info, err := d.Info()
 		if err != nil {
-			return err
+			return skipVanished(err) // removed (or renamed away) since the listing
+		}
+		// A regular file is opened first and described by what was opened: a writer that
+		// replaces it (temp file, then rename) between the listing and the read cannot give
+		// the archive the old file's size with the new file's bytes.
+		var f *os.File
+		if info.Mode().IsRegular() {
+			if f, err = os.Open(path); err != nil {
+				return skipVanished(err)
+			}
+			defer f.Close()
+			if info, err = f.Stat(); err != nil {
+				return err
+			}
 		}
 		link := ""
 		if info.Mode()&fs.ModeSymlink != 0 {
@@ -54,14 +67,9 @@ func writeTar(dir string, w io.Writer) error {
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
 		}
-		if !info.Mode().IsRegular() {
+		if f == nil {
 			return nil
 		}
-		f, err := os.Open(path)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
 		// CopyN: a file that grows while we read it must not overrun its header's size.
 		_, err = io.CopyN(tw, f, hdr.Size)
 		return err
@@ -70,6 +78,14 @@ func writeTar(dir string, w io.Writer) error {
 		return err
 	}
 	return tw.Close()
+}
+
+// skipVanished lets the walk go on past an entry that is gone by the time it is read.
+func skipVanished(err error) error {
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
 }
 
 // extractTar unpacks r into dir, which must exist. os.Root confines every write to dir,
