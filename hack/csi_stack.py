@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import node  # beside this script: the node's socket folder and the kubelet's root
+
 HACK = Path(__file__).resolve().parent
 REPO = HACK.parent
 DRIVER_SRC = REPO / "csi" / "hostpath"
@@ -82,13 +84,13 @@ def state_dir(run_dir: Path) -> Path:
 
 
 def socket_path(run_dir: Path) -> Path:
-    # Unix socket paths are limited to 107 bytes; keep it short and near the top.
-    return run_dir / "csi.sock"
+    # Unix socket paths are limited to 107 bytes: in the node's short socket folder.
+    return node.socket_dir(run_dir) / "csi.sock"
 
 
 def kubelet_root_dir(run_dir: Path) -> Path:
     """The real node's kubelet --root-dir (hack/cluster starts the kubelet with it)."""
-    return run_dir / "node" / "kubelet"
+    return node.kubelet_root(run_dir)
 
 
 def registration_dir(run_dir: Path) -> Path:

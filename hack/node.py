@@ -39,6 +39,7 @@ NODE_LABELS = {"type": "real"}
 PAUSE_IMAGE = "savepoint.local/pause:v1"
 CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
 BRIDGE_PREFIX = "spbr"
+SOCKET_ROOT = Path("/run/savepoint")
 NAT_CHAIN_PREFIX = "SAVEPOINT-"
 
 
@@ -50,13 +51,22 @@ def node_dir(run_dir: Path) -> Path:
     return run_dir / "node"
 
 
+def socket_dir(run_dir: Path) -> Path:
+    """A short folder for the node's unix sockets and the kubelet's root (whose
+    plugins_registry holds the CSI driver's registration socket): a socket path may be at
+    most 107 bytes, and a clone can live at any depth. One per run folder, keyed by its
+    path; `down` unmounts and removes it."""
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:12]
+    return SOCKET_ROOT / key
+
+
 def kubelet_root(run_dir: Path) -> Path:
     """The kubelet's --root-dir; the CSI driver registers under its plugins_registry/."""
-    return node_dir(run_dir) / "kubelet"
+    return socket_dir(run_dir) / "kubelet"
 
 
 def containerd_socket(run_dir: Path) -> Path:
-    return node_dir(run_dir) / "containerd.sock"
+    return socket_dir(run_dir) / "containerd.sock"
 
 
 def cache_dir() -> Path:
@@ -237,7 +247,7 @@ state = "{nd / "containerd-state"}"
   address = "{containerd_socket(run_dir)}"
 
 [plugins.'io.containerd.server.v1.ttrpc']
-  address = "{nd / "containerd.sock.ttrpc"}"
+  address = "{socket_dir(run_dir) / "containerd.sock.ttrpc"}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
@@ -348,8 +358,9 @@ def components(
     """containerd and the kubelet, as dicts of name, argv, health_url and health_socket."""
     nd = node_dir(run_dir)
     net = read_net(run_dir)
-    for sub in ("kubelet", "pod-logs", "kubelet-pki", "ipam"):
+    for sub in ("pod-logs", "kubelet-pki", "ipam"):
         (nd / sub).mkdir(parents=True, exist_ok=True)
+    kubelet_root(run_dir).mkdir(parents=True, exist_ok=True)
     containerd_conf = write_containerd_config(run_dir)
     kubelet_conf = write_kubelet_config(run_dir, net, ports, pki / "ca.crt")
     kubeconfig = write_kubelet_kubeconfig(run_dir, server, pki)

@@ -11,8 +11,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
 import csi_stack  # noqa: E402
+import node  # noqa: E402
 
 PINS = csi_stack.read_pins()
+
+
+@pytest.fixture(autouse=True)
+def socket_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The node's short socket folder under the test's own folder, not /run."""
+    monkeypatch.setattr(node, "SOCKET_ROOT", tmp_path / "run")
+    return tmp_path / "run"
 
 
 def driver_argv(run_dir: Path, real_node: bool | None = None) -> list[str]:
@@ -27,7 +35,7 @@ def test_driver_registers_with_the_kubelet_only_when_the_run_folder_has_a_node(t
 
     (tmp_path / "node").mkdir()
     argv = driver_argv(tmp_path)
-    registry = tmp_path / "node" / "kubelet" / "plugins_registry"
+    registry = node.kubelet_root(tmp_path) / "plugins_registry"
     assert f"--kubelet-registration-dir={registry}" in argv
     assert registry.is_dir(), "made before the driver starts, so it can listen before the kubelet walks it"
     assert "--nodeid=savepoint-node" in argv
@@ -40,10 +48,12 @@ def test_real_node_argument_overrides_the_folder_check(tmp_path: Path) -> None:
     assert not any(a.startswith("--kubelet-registration-dir") for a in driver_argv(tmp_path / "b", real_node=False))
 
 
-@pytest.mark.parametrize("run", [".run/cluster", ".run/test-cluster"])
-def test_sockets_fit_a_unix_socket_path_in_the_default_run_folders(run: str) -> None:
+@pytest.mark.parametrize("run", [".run/cluster", ".run/test-cluster", "/tmp/" + "deep/" * 30 + ".run/test-cluster"])
+def test_sockets_fit_a_unix_socket_path_wherever_the_run_folder_is(run: str, monkeypatch) -> None:
     # The driver refuses a path over 107 bytes; the registration socket is the long one.
-    for path in (csi_stack.registration_socket(REPO / run), csi_stack.socket_path(REPO / run)):
+    monkeypatch.setattr(node, "SOCKET_ROOT", node.Path("/run/savepoint"))
+    for path in (csi_stack.registration_socket(REPO / run), csi_stack.socket_path(REPO / run),
+                 node.containerd_socket(REPO / run)):
         assert len(str(path).encode()) <= 107, f"{path} is {len(str(path))} bytes"
 
 
