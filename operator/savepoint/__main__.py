@@ -1,14 +1,21 @@
-"""`python -m savepoint`: run the operator against the current kubeconfig or in-cluster."""
+"""`python -m savepoint`: run the operator against the current kubeconfig or in-cluster.
+
+It loads the settings once (a bad one stops it here, naming the variable), registers the
+handlers, builds the Runtime (savepoint.runtime) and passes it to every handler as kopf's
+memo."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import kopf
 
-from savepoint import memory
+from savepoint import k8s, memory, metrics, peering
 from savepoint.config import load
+from savepoint.errors import SettingsError
+from savepoint.runtime import Runtime
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -34,13 +41,21 @@ def configure_logging(level: str) -> None:
 
 def main() -> None:
     memory.limit_arenas()  # before any thread starts
-    settings = load()
+    try:
+        settings = load()
+    except SettingsError as error:
+        sys.exit(f"savepoint: {error}")
     configure_logging(settings.log_level)
+    k8s.configure(settings)
     import savepoint.handlers  # noqa: F401  (registers the handlers)
-    from savepoint import metrics, peering
+
+    if settings.webhook:
+        import savepoint.handlers.webhook  # noqa: F401  (kopf refuses admission handlers with no server)
+    runtime = Runtime(settings)
 
     metrics.observe_eventlog()
     metrics.serve(settings.metrics_port)
+    runtime.start()
 
     async def run() -> None:
         metrics.watch_loop(asyncio.get_running_loop())  # /healthz pings the loop kopf runs in
@@ -51,6 +66,7 @@ def main() -> None:
             # Our own identity, so peering.is_active() knows which record in the peering is ours.
             identity=peering.identity(),  # type: ignore[arg-type]  # kopf's Identity: a str NewType it does not export
             liveness_endpoint=None,
+            memo=kopf.Memo(runtime=runtime),  # every handler's `memo.runtime`
         )
 
     asyncio.run(run())

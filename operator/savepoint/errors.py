@@ -11,6 +11,10 @@ class SavepointError(Exception):
     """Base class of every error Savepoint raises on purpose."""
 
 
+class SettingsError(SavepointError):
+    """A SAVEPOINT_* setting has a value the operator cannot use; the message names it."""
+
+
 class EventLogError(SavepointError):
     """The event log could not do what was asked (also: retries exhausted under contention)."""
 

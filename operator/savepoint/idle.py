@@ -32,9 +32,7 @@ def is_paused(state: dict[str, Any] | None, generation: int | None) -> bool:
     return bool(state.get("paused")) and state.get("generation") == generation
 
 
-def pause_deadline(
-    policy: IdlePolicy, events: Sequence[Event], active_since: datetime | None
-) -> datetime | None:
+def pause_deadline(policy: IdlePolicy, events: Sequence[Event], active_since: datetime | None) -> datetime | None:
     """When the session has been idle for policy.pauseAfter: pauseAfter after the newer of
     its newest event and `active_since` (when it last became Ready, or was woken). None
     while a run is in flight or an approval is pending: those never pause."""

@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import metrics
-from savepoint.config import load
+from savepoint.config import Settings
 from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
@@ -95,6 +95,16 @@ def _instrument(api: client.ApiClient, limiter: RateLimiter, timeout: float = 0.
     api.call_api = request  # type: ignore[method-assign]
 
 
+# The client's rate limit and timeout: the operator's settings (configure(), at start);
+# a library user (a test, a bench) that never calls it gets the environment's.
+_settings: list[Settings] = []
+
+
+def configure(settings: Settings) -> None:
+    """Use these settings for the API client (before its first request)."""
+    _settings[:] = [settings]
+
+
 @cache
 def api_client() -> client.ApiClient:
     with _lock:
@@ -102,7 +112,7 @@ def api_client() -> client.ApiClient:
             config.load_incluster_config()
         except config.ConfigException:
             config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
-        settings = load()
+        settings = _settings[0] if _settings else Settings()
         configuration = client.Configuration.get_default_copy()
         # One pooled connection per thread that may call at once (kopf's workers, the
         # expiry workers, the sweep): past the pool's size, every call would open a new

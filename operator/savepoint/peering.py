@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any
 
 from savepoint import k8s, metrics
-from savepoint.config import Settings, load
+from savepoint.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +78,9 @@ def decide(peerings: Iterable[dict | None], me: str, priority: int, now: datetim
 _last: bool | None = None
 
 
-def is_active(settings: Settings | None = None) -> bool:
+def is_active(settings: Settings) -> bool:
     """Whether this replica is the active one now (one GET per peering object when peered)."""
     global _last
-    settings = settings or load()
     active = _read(settings) if settings.peering else True
     if active != _last:
         _last = active
@@ -92,7 +91,7 @@ def is_active(settings: Settings | None = None) -> bool:
     return active
 
 
-def last_known(settings: Settings | None = None) -> bool:
+def last_known(settings: Settings) -> bool:
     """is_active() as the expiry loop last found it (every few seconds), without asking again."""
     return is_active(settings) if _last is None else bool(_last)
 

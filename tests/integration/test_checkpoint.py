@@ -15,6 +15,7 @@ from savepoint import k8s
 from savepoint.checkpoint import SETTLED_LABEL, parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
+from savepoint.controllers import expiry
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
 from tests.conftest import SNAP, make_stuck_snapshot, wait_for
@@ -321,7 +322,7 @@ def test_sweep_expires_overdue_checkpoints_found_at_start(s1, crds, namespace):
     make_checkpoint(crds, namespace, "overdue")
     wait_checkpoint(crds, namespace, "overdue", "Ready")
     make_overdue(crds, namespace, "overdue")
-    controller.sweep(Settings(namespaces=(namespace,)))
+    expiry.sweep(Settings(namespaces=(namespace,)), expiry.ExpiryQueue())
     body = wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)
     assert body["status"]["reason"] == "TTLExpired"
 
@@ -347,7 +348,7 @@ def test_the_sweep_lists_a_page_at_a_time_and_misses_none(s1, crds, namespace, m
     assert sorted(listed) == ["overdue", "p1", "p2", "p3", "p4"]
     assert pages == [2, 2, 2]
     pages.clear()
-    assert controller.sweep(Settings(namespaces=(namespace,)))["expired"] == 1
+    assert expiry.sweep(Settings(namespaces=(namespace,)), expiry.ExpiryQueue())["expired"] == 1
     assert pages == [2, 2, 2]
     assert wait_checkpoint(crds, namespace, "overdue", "Expired", timeout=30)["status"]["reason"] == "TTLExpired"
 

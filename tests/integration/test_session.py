@@ -168,6 +168,7 @@ def test_resume_passes_take_pods_and_claims_from_one_listing_per_namespace(opera
     claims once, and the other resume passes there read none of them one by one (two GETs
     each before). A later pass, not a resume, reads them fresh."""
     from savepoint import k8s
+    from savepoint.config import Settings
     from savepoint.controllers import session as controller
 
     names = ("r1", "r2", "r3")
@@ -182,10 +183,10 @@ def test_resume_passes_take_pods_and_claims_from_one_listing_per_namespace(opera
 
     # This test's process plays the restarted operator: no pass has run here yet.
     for name, body in zip(names, bodies, strict=True):
-        controller.reconcile_session(namespace, name, seen=body, resumed=True)
+        controller.reconcile_session(namespace, name, Settings(), seen=body, resumed=True)
     assert sorted(calls) == ["list_pods", "list_pvcs"], "not one listing of each for the namespace"
     for name in names:  # the passes found their Pods and claims: nothing made again, still Ready
         assert get_session(crds, namespace, name)["status"]["phase"] == "Ready"
 
-    controller.reconcile_session(namespace, "r1")
+    controller.reconcile_session(namespace, "r1", Settings())
     assert sorted(calls) == ["get_pod", "get_pvc", "list_pods", "list_pvcs"]

@@ -23,6 +23,15 @@ from savepoint.peering import blocking_peers, decide
 NOW = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 
 
+def _memo():
+    """kopf's memo as `python -m savepoint` passes it: the process's Runtime."""
+    from types import SimpleNamespace
+
+    from savepoint.runtime import Runtime
+
+    return SimpleNamespace(runtime=Runtime(Settings(), admission_workers=0))
+
+
 def peer(priority: int, seen_ago: float = 0, lifetime: int = 60) -> dict:
     return {"priority": priority, "lifetime": lifetime, "lastseen": (NOW - timedelta(seconds=seen_ago)).isoformat()}
 
@@ -274,7 +283,7 @@ def test_every_watched_child_kind_is_selected_by_label_on_the_server():
     from savepoint import handlers
 
     settings = kopf.OperatorSettings()
-    handlers.operator.operator_configure(settings=settings)
+    handlers.operator.operator_configure(settings=settings, memo=_memo())
     registry = kopf.get_default_registry()
     filtered = [h for reg in (registry._watching, registry._changing) for h in reg.get_all_handlers() if h.labels]
     assert {h.selector.any_name for h in filtered} >= {
@@ -300,7 +309,7 @@ def test_kopf_lists_a_page_at_a_time():
     from savepoint import handlers, k8s
 
     settings = kopf.OperatorSettings()
-    handlers.operator.operator_configure(settings=settings)
+    handlers.operator.operator_configure(settings=settings, memo=_memo())
     assert settings.watching.chunk_size == k8s.LIST_PAGE
     assert 0 < k8s.LIST_PAGE <= 1000
 
@@ -317,7 +326,7 @@ def test_kopf_logs_no_line_per_watch_event_but_keeps_the_rest():
     from savepoint import handlers
 
     settings = kopf.OperatorSettings()
-    handlers.operator.operator_configure(settings=settings)
+    handlers.operator.operator_configure(settings=settings, memo=_memo())
     seen: list[str] = []
 
     class Collect(logging.Handler):
@@ -362,3 +371,56 @@ def test_kopf_lines_about_an_object_name_it():
     finally:
         kopf_objects.removeHandler(handler)
     assert "kopf.objects [ns/f9] Handler 'session_create' failed" in out.getvalue()
+
+
+# --- settings -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("SAVEPOINT_API_QPS", "fast", "SAVEPOINT_API_QPS='fast': not a number"),
+        ("SAVEPOINT_API_BURST", "2.5", "SAVEPOINT_API_BURST='2.5': not a whole number"),
+        ("SAVEPOINT_EXPIRY_WORKERS", "-1", "SAVEPOINT_EXPIRY_WORKERS='-1': must not be negative"),
+        ("SAVEPOINT_SNAPSHOT_TIMEOUT", "ten", "SAVEPOINT_SNAPSHOT_TIMEOUT: invalid duration 'ten'"),
+        ("SAVEPOINT_WEBHOOK", "maybe", "SAVEPOINT_WEBHOOK='maybe': not a boolean"),
+        ("SAVEPOINT_LOG_LEVEL", "loud", "SAVEPOINT_LOG_LEVEL='LOUD': not a log level"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_the_variable(monkeypatch, variable, value, says):
+    from savepoint.config import load
+    from savepoint.errors import SettingsError
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SettingsError) as refused:
+        load()
+    assert str(refused.value).startswith(says)
+
+
+def test_the_operator_stops_at_start_on_a_bad_setting():
+    """`python -m savepoint` exits before it registers or starts anything, with the message."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[2] / "operator"
+    env = {**os.environ, "SAVEPOINT_API_QPS": "fast", "PYTHONPATH": str(source)}
+    done = subprocess.run([sys.executable, "-m", "savepoint"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "savepoint: SAVEPOINT_API_QPS='fast': not a number" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_handlers_hold_no_queue_thread_or_settings():
+    """The handlers are decorators only: no module state, no thread started at import."""
+    import inspect
+    import threading as threads
+
+    from savepoint.handlers import checkpoint, fork, operator, session
+
+    for module in (checkpoint, fork, operator, session):
+        source = inspect.getsource(module)
+        for forbidden in ("threading", "Thread(", "PollQueue", "WorkQueue", "load()", "time.sleep"):
+            assert forbidden not in source, f"{module.__name__} has {forbidden}"
+    assert not [t for t in threads.enumerate() if t.name.startswith(("checkpoint-", "session-"))]

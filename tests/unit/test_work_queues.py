@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
-from savepoint.controllers.checkpoint import ExpiryQueue
+from savepoint.config import Settings
+from savepoint.controllers.expiry import ExpiryQueue
 from savepoint.controllers.session import child_changed, made_child, relisted
 from savepoint.polling import PollQueue, WorkQueue
 from savepoint.session import child_digest
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def runtime_memo(**queues: object) -> SimpleNamespace:
+    """kopf's memo as `python -m savepoint` gives it to the handlers: the Runtime, here
+    with no admission threads, and with these queues in place of its own."""
+    from savepoint.runtime import Runtime
+
+    runtime = Runtime(Settings(), admission_workers=0)
+    for name, queue in queues.items():
+        setattr(runtime, name, queue)
+    return SimpleNamespace(runtime=runtime)
 GRACE = timedelta(days=7)
 
 
@@ -73,7 +86,7 @@ def test_a_storm_is_expired_on_as_many_threads_as_configured(monkeypatch):
     import threading
 
     from savepoint.config import Settings
-    from savepoint.controllers.checkpoint import _count_done
+    from savepoint.controllers.expiry import _count_done
 
     monkeypatch.setenv("SAVEPOINT_EXPIRY_WORKERS", "6")
     workers = Settings().expiry_workers
@@ -196,10 +209,11 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     passes("session", "s")
     passes("fork", "f")
     body = checkpoint("c", "Ready", NOW)
-    asyncio.run(checkpoint_clocks(type="MODIFIED", body=body))
+    memo = runtime_memo()
+    asyncio.run(checkpoint_clocks(type="MODIFIED", body=body, memo=memo))
     assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
-    asyncio.run(checkpoint_clocks(type="DELETED", body=body))
-    asyncio.run(session_resync_clock(type="DELETED", namespace="ns", name="s"))
+    asyncio.run(checkpoint_clocks(type="DELETED", body=body, memo=memo))
+    asyncio.run(session_resync_clock(type="DELETED", namespace="ns", name="s", memo=memo))
     asyncio.run(fork_forget(type="DELETED", namespace="ns", name="f"))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
         assert (kind, "ns", name) not in controllers._locks
@@ -281,11 +295,11 @@ def test_a_new_checkpoint_waits_in_our_queue_trimmed_not_in_kopf(monkeypatch):
     from savepoint.handlers import checkpoint as handlers
 
     queue = WorkQueue("unit", 0, lambda key, payload: None)
-    monkeypatch.setattr(handlers, "admissions", queue)
+    memo = runtime_memo(admissions=queue)
     body = checkpoint("c", None, NOW)
     body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
-    handlers.checkpoint_reconcile(namespace="ns", name="c", status={}, body=body)
-    handlers.checkpoint_reconcile(namespace="ns", name="done", status={"phase": "Ready"}, body=body)
+    handlers.checkpoint_reconcile(namespace="ns", name="c", status={}, body=body, memo=memo)
+    handlers.checkpoint_reconcile(namespace="ns", name="done", status={"phase": "Ready"}, body=body, memo=memo)
     key, seen = queue.take(0)
     assert key == ("ns", "c")
     assert "managedFields" not in seen["metadata"] and seen["metadata"]["name"] == "c"
@@ -309,24 +323,21 @@ def test_a_re_list_is_told_from_the_start_up_listing():
 
 
 def test_a_re_list_brings_every_session_resync_forward_once(monkeypatch):
-    from types import SimpleNamespace
-
     from savepoint.handlers import session as handlers
 
     now = [1000.0]
     queue = PollQueue(600, clock=lambda: now[0])
     for name in ("a", "b"):
         queue.file(("ns", name))
-    monkeypatch.setattr(handlers, "resyncs", queue)
-    monkeypatch.setattr(handlers, "_relist_resync_at", [float("-inf")])
+    memo = runtime_memo(resyncs=queue)
     pods = SimpleNamespace(plural="pods")
     pod = claim(uid="relist-pod-uid", phase="Running")
     pod["metadata"]["name"] = "relist-pod"
-    assert not handlers._child_changed(type=None, body=pod, resource=pods)  # start-up listing
+    assert not handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # start-up listing
     assert queue.take_due() == []
-    assert not handlers._child_changed(type=None, body=pod, resource=pods)  # the re-list
+    assert not handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # the re-list
     assert sorted(queue.take_due()) == [("ns", "a"), ("ns", "b")]
-    handlers._child_changed(type=None, body=pod, resource=pods)  # the next child of the same re-list
+    handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # the next child of the same re-list
     assert queue.take_due() == []
 
 
@@ -343,7 +354,7 @@ def test_poll_queue_hurries_all_keys_or_some():
 
 
 def test_a_pending_poll_skips_a_checkpoint_still_waiting_for_admission(monkeypatch):
-    from savepoint.handlers import checkpoint as handlers
+    from savepoint import runtime
 
     now = [0.0]
     polls = PollQueue(5, clock=lambda: now[0])
@@ -352,10 +363,9 @@ def test_a_pending_poll_skips_a_checkpoint_still_waiting_for_admission(monkeypat
     queue = WorkQueue("unit", 0, lambda key, payload: None)
     queue.file(("ns", "waiting"), {})
     polled: list[tuple[str, str]] = []
-    monkeypatch.setattr(handlers, "pending_polls", polls)
-    monkeypatch.setattr(handlers, "admissions", queue)
-    monkeypatch.setattr(handlers.checkpoint, "poll_pending", lambda ns, name, settings: polled.append((ns, name)))
+    memo = runtime_memo(pending_polls=polls, admissions=queue)
+    monkeypatch.setattr(runtime.checkpoint, "poll_pending", lambda ns, name, settings: polled.append((ns, name)))
     now[0] = 10.0
-    handlers.checkpoint_pending_poll()
+    memo.runtime.poll_pending_checkpoints()
     assert polled == [("ns", "admitted")]
     assert ("ns", "waiting") in queue

@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -43,9 +40,9 @@ from savepoint.checkpoint import (
     snapshot_state,
 )
 from savepoint.conditions import set_condition
-from savepoint.config import Settings, load
+from savepoint.config import Settings
 from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
-from savepoint.controllers import has_run, object_lock, one_pass
+from savepoint.controllers import has_run, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
@@ -62,12 +59,12 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _ready_condition(body: dict, status: bool, reason: str, message: str) -> list[dict]:
+def ready_condition(body: dict, status: bool, reason: str, message: str) -> list[dict]:
     old = (body.get("status") or {}).get("conditions") or []
     return set_condition(old, "Ready", status, reason, message, body["metadata"].get("generation"))
 
 
-def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = None, warn: bool = False) -> None:
+def write_status(body: dict, status: dict[str, Any], event: tuple[str, str] | None = None, warn: bool = False) -> None:
     meta = body["metadata"]
     status = {**status, "observedGeneration": meta.get("generation")}
     k8s.patch_status("checkpoints", meta["namespace"], meta["name"], status)
@@ -81,7 +78,7 @@ def _write(body: dict, status: dict[str, Any], event: tuple[str, str] | None = N
 def reconcile_checkpoint(
     namespace: str,
     name: str,
-    settings: Settings | None = None,
+    settings: Settings,
     seen: dict | None = None,
     snapshot: dict | None = None,
 ) -> None:
@@ -89,7 +86,6 @@ def reconcile_checkpoint(
     first pass in this process (its create, or its resume at start-up) starts from it, as
     a Session's does, instead of reading it again. `snapshot` is its VolumeSnapshot as a
     watch event just delivered it, read instead of a GET."""
-    settings = settings or load()
     one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot))
 
 
@@ -239,13 +235,13 @@ def _admit(body: dict, settings: Settings) -> None:
         _write_waiting(body, rejection)
         return
     if rejection is not None:
-        _write(
+        write_status(
             body,
             {
                 "phase": CheckpointPhase.REJECTED.value,
                 "reason": rejection.reason.value,
                 "message": rejection.message,
-                "conditions": _ready_condition(body, False, rejection.reason, rejection.message),
+                "conditions": ready_condition(body, False, rejection.reason, rejection.message),
             },
             event=(rejection.reason.value, rejection.message),
             warn=True,
@@ -268,7 +264,7 @@ def _admit(body: dict, settings: Settings) -> None:
     created = _now()
     session_spec = session.get("spec") or {}
     hooks = checkpoint_hooks.initial_status(session)
-    _write(
+    write_status(
         body,
         {
             **({"hooks": hooks} if hooks else {}),
@@ -283,7 +279,7 @@ def _admit(body: dict, settings: Settings) -> None:
             "resume": {"kind": "snapshot"},
             "createdAt": rfc3339(created),
             "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
-            "conditions": _ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
+            "conditions": ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
         },
         event=("Accepted", f"cut at event {cursor.seq} of session {spec.session_name}"),
     )
@@ -301,13 +297,13 @@ def _write_waiting(body: dict, wait: Wait) -> None:
     ):
         return  # said already: a poll that finds nothing new writes nothing
     first = status.get("phase") is None
-    _write(
+    write_status(
         body,
         {
             "phase": CheckpointPhase.PENDING.value,
             "reason": wait.reason.value,
             "message": wait.message,
-            "conditions": _ready_condition(body, False, wait.reason, wait.message),
+            "conditions": ready_condition(body, False, wait.reason, wait.message),
         },
         event=(wait.reason.value, wait.message) if first else None,
     )
@@ -337,7 +333,7 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         if claim is None or snapshot_class is None:
             _fail(body, FailReason.SNAPSHOT_FAILED, "the session's workspace is gone; nothing to snapshot")
             return
-        refused = checkpoint_hooks.before_cut(body, _write, status.get("_session"))
+        refused = checkpoint_hooks.before_cut(body, write_status, status.get("_session"))
         if refused:
             _fail(body, FailReason.HOOK_FAILED, refused)  # before the cut: no snapshot, no postCheckpoint
             return
@@ -351,13 +347,13 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         return
     state = snapshot_state(snapshot)
     if state.error:
-        checkpoint_hooks.after_cut(body, _write)
+        checkpoint_hooks.after_cut(body, write_status)
         _fail(body, FailReason.SNAPSHOT_FAILED, f"VolumeSnapshot {vs_name}: {state.error}")
         return
     if not state.ready:
         created = parse_time(status["createdAt"])
         if _now() - created > settings.snapshot_timeout:
-            checkpoint_hooks.after_cut(body, _write)
+            checkpoint_hooks.after_cut(body, write_status)
             _fail(
                 body,
                 FailReason.SNAPSHOT_TIMEOUT,
@@ -365,19 +361,19 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
                 "(SAVEPOINT_SNAPSHOT_TIMEOUT)",
             )
         return  # the VolumeSnapshot watch brings us back
-    checkpoint_hooks.after_cut(body, _write)
+    checkpoint_hooks.after_cut(body, write_status)
     _become_ready(body, state.restore_size)
 
 
 def _fail(body: dict, reason: FailReason, message: str) -> None:
-    _write(
+    write_status(
         body,
         {
             "phase": CheckpointPhase.FAILED.value,
             "reason": reason.value,
             "message": message,
             "resume": None,
-            "conditions": _ready_condition(body, False, reason, message),
+            "conditions": ready_condition(body, False, reason, message),
         },
         event=(reason.value, message),
         warn=True,
@@ -417,7 +413,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
     ready_at = _now()
     snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
     metrics.checkpoint_seconds.observe(snapshot_ms / 1000)
-    _write(
+    write_status(
         body,
         {
             "phase": CheckpointPhase.READY.value,
@@ -425,7 +421,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
             "message": None,
             "readyAt": rfc3339(ready_at),
             "restoreSize": restore_size,
-            "conditions": _ready_condition(
+            "conditions": ready_condition(
                 body, True, Reason.SNAPSHOT_READY, f"restorable; snapshot took ~{snapshot_ms} ms"
             ),
         },
@@ -447,187 +443,7 @@ def _already_logged(elog, uid: str, through: int) -> bool:
     return any(e.type == "checkpoint.created" and e.data.get("uid") == uid for e in events)
 
 
-# --- expiry -----------------------------------------------------------------------------
-
-
-def expire(body: dict) -> None:
-    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure).
-
-    It does not wait for the snapshot to go: the deletion is asked for (the snapshot
-    controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
-    is deleted), so a storm of expiries costs one round of requests each.
-    """
-    meta, status = body["metadata"], body.get("status") or {}
-    vs_name = status.get("volumeSnapshotName")
-    if vs_name:
-        k8s.request_volume_snapshot_deletion(meta["namespace"], vs_name)
-    message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
-    metrics.expiries.inc()
-    _write(
-        body,
-        {
-            "phase": CheckpointPhase.EXPIRED.value,
-            "reason": Reason.TTL_EXPIRED.value,
-            "message": message,
-            "resume": {"kind": "event_log"},
-            "conditions": _ready_condition(body, False, Reason.TTL_EXPIRED, message),
-        },
-        event=("Expired", message),
-    )
-
-
-# Phases whose checkpoint is deleted at expiresAt + the grace period.
-ENDED = (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED)
-
-
-class ExpiryQueue:
-    """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
-    costs no request: (namespace, name) -> (when it is due, what to do then).
-
-    A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired or Failed one
-    for deletion at expiresAt + the grace period. Taking an entry removes it; the watch
-    event of what was done (or of anything else that changes it) puts it back as it now is.
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], tuple[datetime, str]] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def clock(body: dict) -> tuple[datetime, str] | None:
-        """(expiresAt, phase) of a checkpoint with an expiry clock running, else None."""
-        status = body.get("status") or {}
-        phase, expires = status.get("phase"), status.get("expiresAt")
-        if body["metadata"].get("deletionTimestamp") or not expires:
-            return None
-        if phase not in (CheckpointPhase.READY, CheckpointPhase.PENDING, *ENDED):
-            return None
-        try:
-            return parse_time(expires), str(phase)
-        except ValueError:
-            return None
-
-    def due_action(self, body: dict, now: datetime, grace: timedelta) -> str | None:
-        """ "expire", "delete" or None for this checkpoint as it is now."""
-        clock = self.clock(body)
-        if clock is None:
-            return None
-        expires, phase = clock
-        if phase in ENDED:
-            return "delete" if expires + grace <= now else None
-        return "expire" if expires <= now else None
-
-    def observe(self, event_type: str | None, body: dict) -> None:
-        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
-        clock = None if event_type == "DELETED" else self.clock(body)
-        with self._lock:
-            if clock is None:
-                self._entries.pop(key, None)
-            else:
-                self._entries[key] = clock
-
-    def put_back(self, key: tuple[str, str], clock: tuple[datetime, str]) -> None:
-        """Return an entry whose work failed, unless a watch event has filed a newer one."""
-        with self._lock:
-            self._entries.setdefault(key, clock)
-
-    def take_due(self, now: datetime, grace: timedelta) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-        """(keys to expire, keys to delete) due at `now`, removed from the queue."""
-        expire: list[tuple[str, str]] = []
-        delete: list[tuple[str, str]] = []
-        with self._lock:
-            for key, (expires, phase) in list(self._entries.items()):
-                if phase in ENDED:
-                    if expires + grace <= now:
-                        delete.append(key)
-                        del self._entries[key]
-                elif expires <= now:
-                    expire.append(key)
-                    del self._entries[key]
-        expire.sort(key=lambda k: k)
-        return expire, delete
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-expiry_queue = ExpiryQueue()
-
-
-def _expire_logged(body: dict) -> bool:
-    meta = body["metadata"]
-    try:
-        # Never beside a reconcile pass of the same checkpoint: a pass that is creating the
-        # snapshot would re-create what this deletes, or write Ready over Expired.
-        with object_lock("checkpoint", meta["namespace"], meta["name"]):
-            expire(body)
-    except Exception:  # one bad object must not stop the sweep
-        log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
-        return False
-    return True
-
-
-def _expire_fresh(key: tuple[str, str], settings: Settings) -> bool:
-    """Expire one checkpoint the queue says is due, after reading it again: the queue's
-    entry may be a moment old (a rollback can move expiresAt). One that fails goes back
-    in the queue, for the next pass."""
-    try:
-        body = k8s.get_custom("checkpoints", *key)
-    except Exception:
-        log.exception("reading checkpoint %s/%s to expire it", *key)
-        expiry_queue.put_back(key, (_now(), CheckpointPhase.READY.value))
-        return False
-    if body is None or expiry_queue.due_action(body, _now(), settings.expired_grace) != "expire":
-        return False
-    if _expire_logged(body):
-        return True
-    clock = expiry_queue.clock(body)
-    if clock is not None:
-        expiry_queue.put_back(key, clock)
-    return False
-
-
-def _count_done(expire_one: Callable[[Any], bool], due: list, workers: int) -> int:
-    """Run expire_one over due (one inline, more on `workers` threads); how many succeeded.
-
-    A storm of thousands due at once runs in parallel, while the client's rate limiter
-    (SAVEPOINT_API_QPS) caps the request rate.
-    """
-    if len(due) <= 1 or workers <= 1:
-        return sum(map(expire_one, due))
-    with ThreadPoolExecutor(min(workers, len(due)), thread_name_prefix="checkpoint-expiry") as pool:
-        return sum(pool.map(expire_one, due))
-
-
-def sweep(settings: Settings, now: datetime | None = None) -> dict[str, int]:
-    """One pass over every checkpoint, listed: expire the overdue, delete Expired and Failed past the
-    grace. Run once at start-up; afterwards drain() works from the watch-fed queue."""
-    now = now or _now()
-    counts = {"expired": 0, "deleted": 0}
-    due: list[dict] = []
-    namespaces = settings.namespaces or (None,)
-    for namespace in namespaces:
-        for body in k8s.iter_custom("checkpoints", namespace):  # a page at a time: only the due are kept
-            action = expiry_queue.due_action(body, now, settings.expired_grace)
-            if action == "expire":
-                due.append(body)
-            elif action == "delete":
-                k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
-                counts["deleted"] += 1
-    counts["expired"] += _count_done(_expire_logged, due, settings.expiry_workers)
-    return counts
-
-
-def drain(settings: Settings, now: datetime | None = None) -> dict[str, int]:
-    """Expire and delete what the queue says is due: no listing, a GET per due checkpoint."""
-    now = now or _now()
-    to_expire, to_delete = expiry_queue.take_due(now, settings.expired_grace)
-    counts = {"expired": 0, "deleted": 0}
-    for namespace, name in to_delete:
-        k8s.delete_custom("checkpoints", namespace, name)
-        counts["deleted"] += 1
-    counts["expired"] += _count_done(lambda key: _expire_fresh(key, settings), to_expire, settings.expiry_workers)
-    return counts
+# --- deletion ---------------------------------------------------------------------------
 
 
 def release(body: dict) -> None:

@@ -26,7 +26,7 @@ from savepoint.checkpoint import (
     rfc3339,
 )
 from savepoint.conditions import set_condition
-from savepoint.config import Settings, load
+from savepoint.config import Settings
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
 from savepoint.controllers import object_lock
 from savepoint.controllers.logs import event_log
@@ -107,8 +107,7 @@ def _fail(body: dict, err: ForkError) -> None:
     )
 
 
-def reconcile_fork(namespace: str, name: str, settings: Settings | None = None) -> None:
-    settings = settings or load()
+def reconcile_fork(namespace: str, name: str, settings: Settings) -> None:
     with object_lock("fork", namespace, name):
         _reconcile(namespace, name, settings)
 
@@ -171,7 +170,7 @@ def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | 
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
 
 
-def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings | None = None) -> Plan:
+def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> Plan:
     """Turn the Fork's source into a Plan; raise ForkWait while its checkpoint can still
     become Ready, or the ForkError that explains why not."""
     pinned = (body.get("status") or {}).get("plan")
@@ -191,7 +190,7 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings | Non
         ckpt = check_checkpoint(
             source.checkpoint,
             k8s.get_custom("checkpoints", namespace, source.checkpoint),
-            _patience(settings or load(), body),
+            _patience(settings, body),
         )
         plan = plan_from_checkpoint(spec, ckpt)
     else:

@@ -22,10 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from savepoint.config import load
+from savepoint.config import Settings
 from savepoint.usage import HeartbeatSeen, arrival, heartbeat_session, heartbeat_stale, parse_sample
-
-settings = load()
 
 
 @dataclass
@@ -66,9 +64,9 @@ def observe(event_type: str | None, obj: dict[str, Any]) -> bool:
     return True
 
 
-def seen(namespace: str, session: str) -> HeartbeatSeen | None:
-    """The Session pass's view: the newest sample and whether it is stale; None for none."""
-    threshold = settings.heartbeat_stale_seconds
+def seen(namespace: str, session: str, threshold: float) -> HeartbeatSeen | None:
+    """The Session pass's view: the newest sample and whether it is stale after
+    `threshold` seconds; None for none."""
     with _guard:
         beat = _beats.get((namespace, session))
         if beat is None:
@@ -94,7 +92,7 @@ def forget(namespace: str, session: str) -> None:
         _beats.pop((namespace, session), None)
 
 
-def due() -> tuple[list[tuple[str, str]], list[tuple[tuple[str, str], dict[str, Any]]]]:
+def due(settings: Settings) -> tuple[list[tuple[str, str]], list[tuple[tuple[str, str], dict[str, Any]]]]:
     """(Sessions whose heartbeat crossed the threshold since their last pass: each needs a
     pass; Sessions whose newest sample is unwritten and whose last write is an interval
     old, with the sample: each needs a patch of status.resources)."""
@@ -110,6 +108,6 @@ def due() -> tuple[list[tuple[str, str]], list[tuple[tuple[str, str], dict[str, 
     return passes, patches
 
 
-def tick_seconds() -> float:
+def tick_seconds(settings: Settings) -> float:
     """How often the loop looks: often enough for the shortest of the two settings."""
     return max(0.5, min(5.0, settings.resources_interval_seconds / 2, settings.heartbeat_stale_seconds / 4))

@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from savepoint import idle, k8s, metrics, podsecurity
 from savepoint.conditions import ConditionType, now_rfc3339, set_condition
+from savepoint.config import Settings
 from savepoint.constants import (
     ANNOTATION_LOG_RETENTION,
     API_VERSION,
@@ -174,14 +175,21 @@ def _drop_old_listings() -> None:
 
 
 def reconcile_session(
-    namespace: str, name: str, seen: dict[str, Any] | None = None, resumed: bool = False, retention: bool = False
+    namespace: str,
+    name: str,
+    settings: Settings,
+    seen: dict[str, Any] | None = None,
+    resumed: bool = False,
+    retention: bool = False,
+    timers: DeadlineQueue | None = None,
 ) -> None:
     """One pass over a Session. `seen` is its body as the watch just delivered it: the
     first pass in this process (the resume pass at start-up, thousands at once) starts
     from it instead of reading it again; later passes read it fresh, since a pass that
     ran in between may have changed its status. A first pass that is a resume (`resumed`)
     also takes its Pod and claim from its namespace's listing (ResumeChildren). With
-    `retention` (the resync) the pass then applies the namespace's log retention."""
+    `retention` (the resync) the pass then applies the namespace's log retention.
+    `timers` gets the Session's next idle deadline (spec.idle), the runtime's wake-up."""
 
     def reconcile() -> float | None:
         fresh = seen is not None and not has_run("session", namespace, name)
@@ -190,7 +198,7 @@ def reconcile_session(
             heartbeat.forget(namespace, name)  # else the heartbeat loop would ask again
             return None
         children = ResumeChildren(namespace, name) if fresh and resumed else None
-        _reconcile(body, children)
+        _reconcile(body, settings, timers, children)
         if retention:
             enforce_retention(body)
         # Observed as of the listing: a child event after it still gets its own pass.
@@ -199,7 +207,9 @@ def reconcile_session(
     one_pass("session", namespace, name, reconcile)
 
 
-def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> None:
+def _reconcile(
+    body: dict[str, Any], settings: Settings, timers: DeadlineQueue | None, children: ResumeChildren | None = None
+) -> None:
     meta = body["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     spec = SessionSpec.model_validate(body.get("spec") or {})
@@ -299,7 +309,8 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
-    seen = dataclasses.replace(_observe_log(elog, pod, pvc, events), heartbeat=heartbeat.seen(namespace, name))
+    beat = heartbeat.seen(namespace, name, settings.heartbeat_stale_seconds)
+    seen = dataclasses.replace(_observe_log(elog, pod, pvc, events), heartbeat=beat)
     warning = _mount_warning(namespace, pod)
     if warning:
         seen = dataclasses.replace(seen, pod_warning=warning)
@@ -326,7 +337,7 @@ def _reconcile(body: dict[str, Any], children: ResumeChildren | None = None) -> 
         status.pop("restore", None)
     _commit(body, status)
     if user_spec.idle is not None or idle_state is not None:
-        _schedule_idle(body, user_spec, status, events, hold is not None)
+        _schedule_idle(timers, body, user_spec, status, events, hold is not None)
     heartbeat.reflected(namespace, name, seen.heartbeat)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
@@ -688,7 +699,6 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: lis
 
 # Sessions whose idle window (spec.idle.pauseAfter) ends before their next resync: a pass
 # then (handlers/session.py waits on it).
-idle_timers = DeadlineQueue()
 ACTIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
 
 
@@ -742,7 +752,9 @@ def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float |
     return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
 
 
-def _schedule_idle(body: dict, spec: SessionSpec, status: dict, events: list[Event] | None, held: bool) -> None:
+def _schedule_idle(
+    timers: DeadlineQueue | None, body: dict, spec: SessionSpec, status: dict, events: list[Event] | None, held: bool
+) -> None:
     """A pass when the idle window of a Ready session ends; none while it cannot end (the
     next change to the log, the Pod or the spec brings a pass)."""
     meta = body["metadata"]
@@ -752,11 +764,13 @@ def _schedule_idle(body: dict, spec: SessionSpec, status: dict, events: list[Eve
     asleep = idle.is_paused(status.get("idle"), meta.get("generation"))
     if spec.idle is not None and running and events is not None and not asleep:
         left = _idle_left(spec.idle, status, events)
+    if timers is None:
+        return
     if left is None:
-        idle_timers.drop(key)
+        timers.drop(key)
     else:
         # A little after the window: the pass must find it over, not a millisecond short.
-        idle_timers.schedule(key, time.monotonic() + left + 0.05)
+        timers.schedule(key, time.monotonic() + left + 0.05)
 
 
 def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tuple[dict, list]:

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import kopf
 
-from savepoint.config import load
-from savepoint.controllers import forget, fork
-from savepoint.metrics import count_errors
+from savepoint.controllers import forget
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
 
 FORKS = (GROUP, VERSION, "forks")
 SESSIONS = (GROUP, VERSION, "sessions")
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
-settings = load()
 
 
 @kopf.on.resume(*FORKS, id="fork_resume")
 @kopf.on.create(*FORKS, id="fork_create")
-def fork_reconcile(namespace: str, name: str, **_: object) -> None:
-    with count_errors("fork"):
-        fork.reconcile_fork(namespace, name, settings)
+def fork_reconcile(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
+    memo.runtime.fork_pass(namespace, name)
 
 
 @kopf.index(*FORKS, id="forks_by_session")
@@ -48,22 +44,17 @@ def _awaited_checkpoint(namespace: str, name: str, status: kopf.Status, forks_by
 
 
 @kopf.on.event(*CHECKPOINTS, id="fork_checkpoint_event", when=_awaited_checkpoint)
-def fork_checkpoint_event(namespace: str, name: str, forks_by_checkpoint: kopf.Index, **_: object) -> None:
+def fork_checkpoint_event(
+    namespace: str, name: str, forks_by_checkpoint: kopf.Index, memo: kopf.Memo, **_: object
+) -> None:
     for fork_name in list(forks_by_checkpoint.get((namespace, name), ())):
-        with count_errors("fork"):
-            fork.reconcile_fork(namespace, fork_name, settings)
+        memo.runtime.fork_pass(namespace, fork_name)
 
 
 @kopf.on.event(*FORKS, id="fork_forget")
 async def fork_forget(type: str | None, namespace: str, name: str, **_: object) -> None:
     if type == "DELETED":
         forget("fork", namespace, name)
-
-
-def _advance(namespace: str, session: str, index: kopf.Index) -> None:
-    for name in list(index.get((namespace, session), ())):
-        with count_errors("fork"):
-            fork.reconcile_fork(namespace, name, settings)
 
 
 # Filters, so the events of the thousands of sessions no fork waits on cost no worker thread.
@@ -76,22 +67,25 @@ def _awaited_child(namespace: str, labels: dict[str, str], forks_by_session: kop
 
 
 @kopf.on.event(*SESSIONS, id="fork_session_event", when=_awaited_session)
-def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, **_: object) -> None:
-    _advance(namespace, name, forks_by_session)
+def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, memo: kopf.Memo, **_: object) -> None:
+    for fork_name in list(forks_by_session.get((namespace, name), ())):
+        memo.runtime.fork_pass(namespace, fork_name)
 
 
 @kopf.on.event("", "v1", "pods", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_pod_event", when=_awaited_child)
 @kopf.on.event(
     "", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_claim_event", when=_awaited_child
 )
-def fork_child_event(namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, **_: object) -> None:
-    _advance(namespace, labels[SESSION_LABEL], forks_by_session)
+def fork_child_event(
+    namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, memo: kopf.Memo, **_: object
+) -> None:
+    for fork_name in list(forks_by_session.get((namespace, labels[SESSION_LABEL]), ())):
+        memo.runtime.fork_pass(namespace, fork_name)
 
 
 # A safety net now, not the engine: events above move every step.
 @kopf.timer(
     *FORKS, interval=10, id="fork_progress", when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed")
 )
-def fork_progress(namespace: str, name: str, **_: object) -> None:
-    with count_errors("fork"):
-        fork.reconcile_fork(namespace, name, settings)
+def fork_progress(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
+    memo.runtime.fork_pass(namespace, name)

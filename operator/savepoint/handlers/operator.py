@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from pathlib import Path
 
 import kopf
 
-from savepoint import k8s, memory
+from savepoint import k8s
 from savepoint.checkpoint import CHECKPOINT_LABEL, SETTLED_LABEL
-from savepoint.config import load
 from savepoint.session import SESSION_LABEL
 
 # How long kopf keeps an idle per-object worker (see operator_configure).
@@ -47,8 +44,8 @@ class QuietWatchHandlers(logging.Filter):
 
 
 @kopf.on.startup()
-def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
-    config = load()
+def operator_configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: object) -> None:
+    config = memo.runtime.settings
     logging.getLogger().setLevel(config.log_level)
     kopf_objects = logging.getLogger("kopf.objects")
     if config.log_level != "DEBUG" and not any(isinstance(f, QuietWatchHandlers) for f in kopf_objects.filters):
@@ -101,17 +98,3 @@ def operator_configure(settings: kopf.OperatorSettings, **_: object) -> None:
         settings.peering.lifetime = config.peering_lifetime_seconds
     else:
         settings.peering.standalone = True
-
-
-# How often freed heap memory is handed back to the OS (savepoint.memory).
-RELEASE_MEMORY_SECONDS = 30.0
-
-
-@kopf.on.startup()
-def operator_release_memory(**_: object) -> None:
-    def loop() -> None:
-        while True:
-            time.sleep(RELEASE_MEMORY_SECONDS)
-            memory.release()
-
-    threading.Thread(target=loop, name="release-memory", daemon=True).start()

@@ -1,0 +1,207 @@
+"""Checkpoint expiry: each checkpoint's clock from the watch (ExpiryQueue), the Expired
+step, and the deletion of ended checkpoints after the grace period.
+
+The runtime's expiry loop (savepoint.runtime) sweeps a full listing once when this
+replica becomes active, then drains what the queue says is due every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from savepoint import k8s, metrics
+from savepoint.checkpoint import parse_time
+from savepoint.config import Settings
+from savepoint.constants import Reason
+from savepoint.controllers import object_lock
+from savepoint.controllers.checkpoint import ready_condition, write_status
+from savepoint.models import CheckpointPhase
+
+log = logging.getLogger(__name__)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def expire(body: dict) -> None:
+    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure).
+
+    It does not wait for the snapshot to go: the deletion is asked for (the snapshot
+    controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
+    is deleted), so a storm of expiries costs one round of requests each.
+    """
+    meta, status = body["metadata"], body.get("status") or {}
+    vs_name = status.get("volumeSnapshotName")
+    if vs_name:
+        k8s.request_volume_snapshot_deletion(meta["namespace"], vs_name)
+    message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
+    metrics.expiries.inc()
+    write_status(
+        body,
+        {
+            "phase": CheckpointPhase.EXPIRED.value,
+            "reason": Reason.TTL_EXPIRED.value,
+            "message": message,
+            "resume": {"kind": "event_log"},
+            "conditions": ready_condition(body, False, Reason.TTL_EXPIRED, message),
+        },
+        event=("Expired", message),
+    )
+
+
+# Phases whose checkpoint is deleted at expiresAt + the grace period.
+ENDED = (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED)
+
+
+class ExpiryQueue:
+    """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
+    costs no request: (namespace, name) -> (when it is due, what to do then).
+
+    A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired or Failed one
+    for deletion at expiresAt + the grace period. Taking an entry removes it; the watch
+    event of what was done (or of anything else that changes it) puts it back as it now is.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[datetime, str]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def clock(body: dict) -> tuple[datetime, str] | None:
+        """(expiresAt, phase) of a checkpoint with an expiry clock running, else None."""
+        status = body.get("status") or {}
+        phase, expires = status.get("phase"), status.get("expiresAt")
+        if body["metadata"].get("deletionTimestamp") or not expires:
+            return None
+        if phase not in (CheckpointPhase.READY, CheckpointPhase.PENDING, *ENDED):
+            return None
+        try:
+            return parse_time(expires), str(phase)
+        except ValueError:
+            return None
+
+    def due_action(self, body: dict, now: datetime, grace: timedelta) -> str | None:
+        """ "expire", "delete" or None for this checkpoint as it is now."""
+        clock = self.clock(body)
+        if clock is None:
+            return None
+        expires, phase = clock
+        if phase in ENDED:
+            return "delete" if expires + grace <= now else None
+        return "expire" if expires <= now else None
+
+    def observe(self, event_type: str | None, body: dict) -> None:
+        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        clock = None if event_type == "DELETED" else self.clock(body)
+        with self._lock:
+            if clock is None:
+                self._entries.pop(key, None)
+            else:
+                self._entries[key] = clock
+
+    def put_back(self, key: tuple[str, str], clock: tuple[datetime, str]) -> None:
+        """Return an entry whose work failed, unless a watch event has filed a newer one."""
+        with self._lock:
+            self._entries.setdefault(key, clock)
+
+    def take_due(self, now: datetime, grace: timedelta) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """(keys to expire, keys to delete) due at `now`, removed from the queue."""
+        expire: list[tuple[str, str]] = []
+        delete: list[tuple[str, str]] = []
+        with self._lock:
+            for key, (expires, phase) in list(self._entries.items()):
+                if phase in ENDED:
+                    if expires + grace <= now:
+                        delete.append(key)
+                        del self._entries[key]
+                elif expires <= now:
+                    expire.append(key)
+                    del self._entries[key]
+        expire.sort(key=lambda k: k)
+        return expire, delete
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _expire_logged(body: dict) -> bool:
+    meta = body["metadata"]
+    try:
+        # Never beside a reconcile pass of the same checkpoint: a pass that is creating the
+        # snapshot would re-create what this deletes, or write Ready over Expired.
+        with object_lock("checkpoint", meta["namespace"], meta["name"]):
+            expire(body)
+    except Exception:  # one bad object must not stop the sweep
+        log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
+        return False
+    return True
+
+
+def _expire_fresh(key: tuple[str, str], settings: Settings, queue: ExpiryQueue) -> bool:
+    """Expire one checkpoint the queue says is due, after reading it again: the queue's
+    entry may be a moment old (a rollback can move expiresAt). One that fails goes back
+    in the queue, for the next pass."""
+    try:
+        body = k8s.get_custom("checkpoints", *key)
+    except Exception:
+        log.exception("reading checkpoint %s/%s to expire it", *key)
+        queue.put_back(key, (_now(), CheckpointPhase.READY.value))
+        return False
+    if body is None or queue.due_action(body, _now(), settings.expired_grace) != "expire":
+        return False
+    if _expire_logged(body):
+        return True
+    clock = queue.clock(body)
+    if clock is not None:
+        queue.put_back(key, clock)
+    return False
+
+
+def _count_done(expire_one: Callable[[Any], bool], due: list, workers: int) -> int:
+    """Run expire_one over due (one inline, more on `workers` threads); how many succeeded.
+
+    A storm of thousands due at once runs in parallel, while the client's rate limiter
+    (SAVEPOINT_API_QPS) caps the request rate.
+    """
+    if len(due) <= 1 or workers <= 1:
+        return sum(map(expire_one, due))
+    with ThreadPoolExecutor(min(workers, len(due)), thread_name_prefix="checkpoint-expiry") as pool:
+        return sum(pool.map(expire_one, due))
+
+
+def sweep(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -> dict[str, int]:
+    """One pass over every checkpoint, listed: expire the overdue, delete Expired and Failed past the
+    grace. Run once at start-up; afterwards drain() works from the watch-fed queue."""
+    now = now or _now()
+    counts = {"expired": 0, "deleted": 0}
+    due: list[dict] = []
+    namespaces = settings.namespaces or (None,)
+    for namespace in namespaces:
+        for body in k8s.iter_custom("checkpoints", namespace):  # a page at a time: only the due are kept
+            action = queue.due_action(body, now, settings.expired_grace)
+            if action == "expire":
+                due.append(body)
+            elif action == "delete":
+                k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
+                counts["deleted"] += 1
+    counts["expired"] += _count_done(_expire_logged, due, settings.expiry_workers)
+    return counts
+
+
+def drain(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -> dict[str, int]:
+    """Expire and delete what the queue says is due: no listing, a GET per due checkpoint."""
+    now = now or _now()
+    to_expire, to_delete = queue.take_due(now, settings.expired_grace)
+    counts = {"expired": 0, "deleted": 0}
+    for namespace, name in to_delete:
+        k8s.delete_custom("checkpoints", namespace, name)
+        counts["deleted"] += 1
+    expire_one = lambda key: _expire_fresh(key, settings, queue)  # noqa: E731
+    counts["expired"] += _count_done(expire_one, to_expire, settings.expiry_workers)
+    return counts

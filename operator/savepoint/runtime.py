@@ -1,0 +1,240 @@
+"""The operator's machinery that kopf does not drive: our queues and the threads that work them.
+
+`python -m savepoint` loads the Settings once, builds one Runtime and hands it to kopf as
+the operator's memo; each handler reaches it as `memo.runtime` and calls one method here
+or one controller. Nothing here decides what an object should be (the controllers and the
+pure modules do); this module only says when a pass runs and on which thread:
+
+- Checkpoint admission: kopf's create/resume handler files the key and a trimmed body in
+  `admissions` and returns; a few threads of ours run the passes (kopf would hold a queue
+  of whole watch bodies per object still waiting).
+- The expiry loop: a full sweep when this replica becomes active, then what the
+  watch-fed `expiry` queue says is due, and the Pending checkpoints' polls.
+- The Session resync (`resyncs`), the idle deadlines (`idle_timers`, spec.idle) and the
+  heartbeat loop (status.resources), each one thread.
+- Handing freed heap back to the OS (savepoint.memory).
+
+A kopf timer per object would keep every object's body in memory (savepoint.polling).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from savepoint import k8s, memory, metrics, peering
+from savepoint.config import Settings
+from savepoint.controllers import checkpoint, expiry, forget, fork, heartbeat
+from savepoint.controllers import session as sessions
+from savepoint.metrics import count_errors
+from savepoint.polling import DeadlineQueue, PollQueue, WorkQueue
+from savepoint.usage import HeartbeatSeen
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+
+# Threads that admit new Checkpoints and resume unsettled ones. The client's rate limiter
+# (SAVEPOINT_API_QPS) paces them; more threads would only wait on it.
+ADMISSION_WORKERS = 8
+RESYNC_TICK_SECONDS = 5.0
+# A resync that failed (the API server away) is tried again this soon, not a whole
+# resync interval later.
+RESYNC_RETRY_SECONDS = 30.0
+# At most one early resync of every Session per this many seconds: a re-list sends an
+# event for each child, thousands at once.
+RELIST_RESYNC_GAP_SECONDS = 60.0
+# How often freed heap memory is handed back to the OS (savepoint.memory).
+RELEASE_MEMORY_SECONDS = 30.0
+
+
+def pending_poll_seconds(settings: Settings) -> float:
+    """The Pending checkpoints' poll: a safety net behind the VolumeSnapshot watch, and the
+    clock of the snapshot timeout. At 5 s, a few hundred in flight spent more of the API
+    budget on polls than on new checkpoints: a quarter of the timeout, 5 to 30 s."""
+    return min(30.0, max(5.0, settings.snapshot_timeout.total_seconds() / 4))
+
+
+def trimmed(body: dict) -> dict:
+    """What a pass reads of a Checkpoint's body: all of it but managedFields, the largest part."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {**body, "metadata": meta}
+
+
+class Runtime:
+    """One per operator process: the settings, our queues, and the threads that work them."""
+
+    def __init__(self, settings: Settings, admission_workers: int = ADMISSION_WORKERS) -> None:
+        self.settings = settings
+        self.admissions = WorkQueue("checkpoint-admission", admission_workers, self._admission_pass)
+        self.pending_polls = PollQueue(pending_poll_seconds(settings))
+        self.expiry = expiry.ExpiryQueue()
+        self.resyncs = PollQueue(settings.resync_seconds)
+        self.idle_timers = DeadlineQueue()
+        self._relist_resync_at = float("-inf")
+
+    def start(self) -> None:
+        """Start the threads (daemons: they end with the process)."""
+        metrics.admissions_waiting.set_function(lambda: len(self.admissions))
+        self.admissions.start()
+        for name, loop in (
+            ("checkpoint-expiry", self._expiry_loop),
+            ("session-resync", self._resync_loop),
+            ("session-idle", self._idle_loop),
+            ("session-heartbeat", self._heartbeat_loop),
+            ("release-memory", self._release_memory_loop),
+        ):
+            threading.Thread(target=loop, name=name, daemon=True).start()
+
+    # --- Checkpoints -----------------------------------------------------------------
+
+    def admit_checkpoint(self, key: Key, body: dict | None = None) -> None:
+        """File a Checkpoint for an admission pass (with the body the watch delivered)."""
+        self.admissions.file(key, None if body is None else trimmed(body))
+
+    def _admission_pass(self, key: Key, seen: dict | None) -> None:
+        # Filed while this replica was active. Asked afresh only when the expiry loop's last
+        # look says standby: a replica that has just taken over must not drop it.
+        if not peering.last_known(self.settings) and not peering.is_active(self.settings):
+            return  # this replica stood down meanwhile: the active one resumes the checkpoint
+        with count_errors("checkpoint"):
+            checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
+
+    def checkpoint_pass(self, namespace: str, name: str, snapshot: dict | None = None) -> None:
+        with count_errors("checkpoint"):
+            checkpoint.reconcile_checkpoint(namespace, name, self.settings, snapshot=snapshot)
+
+    def observe_checkpoint(self, event_type: str | None, body: dict) -> None:
+        """A Checkpoint's watch event: its expiry clock, its Pending poll, and forgetting it."""
+        self.expiry.observe(event_type, body)
+        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+        pending = (body.get("status") or {}).get("phase") in (None, "Pending")
+        if event_type != "DELETED" and pending and not body["metadata"].get("deletionTimestamp"):
+            self.pending_polls.file(key)
+            if checkpoint.waiting(body):
+                # A Session not created yet is final after the short missing grace: look again then.
+                self.pending_polls.hurry(self.settings.missing_grace.total_seconds() + 1, [key])
+        else:
+            self.pending_polls.drop(key)
+        if event_type == "DELETED":
+            forget("checkpoint", *key)
+
+    def poll_pending_checkpoints(self) -> None:
+        """Reconcile the Pending checkpoints whose poll is due."""
+
+        def poll(key: Key) -> None:
+            if key in self.admissions:
+                return  # its pass is on its way: a poll would only read a snapshot not made yet
+            try:
+                with count_errors("checkpoint"):
+                    checkpoint.poll_pending(*key, self.settings)
+            except Exception:  # counted; the next poll (or watch event) tries again
+                log.exception("polling checkpoint %s/%s", *key)
+
+        due = self.pending_polls.take_due()
+        if due:
+            with ThreadPoolExecutor(4, thread_name_prefix="checkpoint-poll") as pool:
+                list(pool.map(poll, due))
+
+    def _expiry_loop(self) -> None:
+        listed = False  # whether this replica has swept a full listing since it became active
+        while True:
+            metrics.beat("expiry loop", max(10 * self.settings.expiry_interval_seconds, 1800))
+            try:
+                if not peering.is_active(self.settings):  # a standby leaves expiry to the active one
+                    listed = False
+                elif not listed:
+                    expiry.sweep(self.settings, self.expiry)  # overdue at start-up (or take-over) expire at once
+                    listed = True
+                else:
+                    expiry.drain(self.settings, self.expiry)  # then only what the watch-fed queue says is due
+                if listed:
+                    self.poll_pending_checkpoints()
+            except Exception:  # the loop outlives any one failure
+                log.exception("checkpoint expiry sweep failed")
+            time.sleep(self.settings.expiry_interval_seconds)
+
+    # --- Sessions --------------------------------------------------------------------
+
+    def session_pass(self, namespace: str, name: str, **options: Any) -> None:
+        """One Session pass (controllers/session.reconcile_session's options)."""
+        with count_errors("session"):
+            sessions.reconcile_session(namespace, name, self.settings, timers=self.idle_timers, **options)
+
+    def observe_session(self, event_type: str | None, namespace: str, name: str) -> None:
+        """A Session's watch event: its resync clock, or forgetting it."""
+        key = (namespace, name)
+        if event_type == "DELETED":
+            self.resyncs.drop(key)
+            self.idle_timers.drop(key)
+            forget("session", namespace, name)
+            heartbeat.forget(namespace, name)
+        else:
+            self.resyncs.file(key)
+
+    def resync_all_after_relist(self) -> None:
+        """A re-list tells nothing of the children that went meanwhile (sessions.relisted):
+        every Session gets its resync now, not up to SAVEPOINT_RESYNC_SECONDS later."""
+        now = time.monotonic()
+        if now - self._relist_resync_at >= RELIST_RESYNC_GAP_SECONDS:
+            self._relist_resync_at = now
+            log.info("a watch listed again (the API server restarted?): resyncing every Session now")
+            self.resyncs.hurry()
+
+    def _resync(self, key: Key) -> None:
+        try:
+            self.session_pass(*key, retention=True)
+        except Exception:  # counted; the next watch event tries again, or this soon
+            log.exception("resyncing session %s/%s", *key)
+            self.resyncs.hurry(RESYNC_RETRY_SECONDS, keys=[key])
+
+    def _resync_loop(self) -> None:
+        while True:
+            time.sleep(RESYNC_TICK_SECONDS)
+            if peering.last_known(self.settings):
+                for key in self.resyncs.take_due():
+                    self._resync(key)
+
+    def _idle_loop(self) -> None:
+        # A pass when a Session's idle window ends (spec.idle), to the second, not at its
+        # next resync; a standby drops what falls due: the active replica has its own timers.
+        while True:
+            self.idle_timers.wait(RESYNC_TICK_SECONDS)
+            active = peering.last_known(self.settings)
+            for key in self.idle_timers.take_due():
+                if active:
+                    self._resync(key)
+
+    def _heartbeat_loop(self) -> None:
+        """Reflect the sandboxes' heartbeats into their Sessions (controllers/heartbeat.py)."""
+        while True:
+            time.sleep(heartbeat.tick_seconds(self.settings))
+            if not peering.last_known(self.settings):
+                continue
+            passes, patches = heartbeat.due(self.settings)
+            for key in passes:
+                try:
+                    self.session_pass(*key)
+                except Exception:  # counted; the next tick tries again
+                    log.exception("heartbeat pass of session %s/%s", *key)
+            for (namespace, name), resources in patches:
+                try:
+                    k8s.patch_status("sessions", namespace, name, {"resources": resources})
+                except Exception:
+                    log.exception("writing the resources of session %s/%s", namespace, name)
+                    continue
+                heartbeat.reflected(namespace, name, HeartbeatSeen(resources, False, 0), pass_=False)
+
+    # --- Forks and the process -------------------------------------------------------
+
+    def fork_pass(self, namespace: str, name: str) -> None:
+        with count_errors("fork"):
+            fork.reconcile_fork(namespace, name, self.settings)
+
+    def _release_memory_loop(self) -> None:
+        while True:
+            time.sleep(RELEASE_MEMORY_SECONDS)
+            memory.release()
