@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s
 
+
 @dataclass(frozen=True)
 class Request:
     verb: str  # get, list, create, patch, patch_status, delete
@@ -229,7 +230,9 @@ class FakeAPI:
             ),
             "iter_custom": self._iter_custom,
             "list_custom": lambda plural, ns=None, selector="": list(self._iter_custom(plural, ns, selector)),
-            "patch_custom": lambda plural, ns, name, patch: call(lambda: self.patch(plural, ns, name, patch), absent=None),
+            "patch_custom": lambda plural, ns, name, patch: call(
+                lambda: self.patch(plural, ns, name, patch), absent=None
+            ),
             "create_custom": lambda plural, ns, body: call(
                 lambda: self.create(plural, ns, body), exists=None, refused=True
             ),
