@@ -250,17 +250,33 @@ class FakeAPI:
             "csi_driver_of_claim": self._csi_driver_of_claim,
             "post_event": self._post_event,
             "pod_warning": lambda ns, pod, reasons: None,
+            "ensure_service_account": lambda body: self._ensure("serviceaccounts", body, read_raises=True),
+            "ensure_role": lambda body: self._ensure("roles", body, read_raises=True),
+            "ensure_role_binding": lambda body: self._ensure("rolebindings", body, read_raises=True),
+            "get_role": lambda ns, name: call(lambda: self.read("roles", ns, name), absent=None),
+            "get_role_binding": lambda ns, name: call(lambda: self.read("rolebindings", ns, name), absent=None),
+            "list_roles_and_bindings": lambda ns, selector: (
+                self.list("roles", ns, selector),
+                self.list("rolebindings", ns, selector),
+            ),
+            "set_role_rules": lambda ns, name, rules: call(
+                lambda: self.patch("roles", ns, name, {"rules": rules}) and True, absent=False
+            ),
         }
         for name, function in functions.items():
             assert hasattr(k8s, name), f"savepoint.k8s has no {name}: the fake is out of date"
             monkeypatch.setattr(k8s, name, function)
+        forget_process_memory(monkeypatch)
         return self
 
-    def _ensure(self, kind: str, body: dict, refused: bool = False) -> dict:
+    def _ensure(self, kind: str, body: dict, refused: bool = False, read_raises: bool = False) -> dict:
+        """Create, or read the object of that name (gone in between: the body, or a 404 raised)."""
         meta = body["metadata"]
         made = k8s.call(lambda: self.create(kind, meta["namespace"], body), exists=None, refused=refused)
         if made is not None:
             return made
+        if read_raises:
+            return self.read(kind, meta["namespace"], meta["name"])
         return k8s.call(lambda: self.read(kind, meta["namespace"], meta["name"]), absent=None) or body
 
     def _iter_custom(self, plural: str, namespace: str | None = None, label_selector: str = "") -> Iterator[dict]:
@@ -307,3 +323,19 @@ class FakeCore:
 
     def delete_namespaced_config_map(self, name: str, namespace: str, **kwargs: Any) -> None:
         self.api.delete("configmaps", namespace, name)
+
+
+def forget_process_memory(monkeypatch: Any) -> None:
+    """Start each test as a fresh operator process: no remembered passes, children, grants
+    or namespaces (all of it is rebuilt from the API after a restart, as in production)."""
+    from savepoint import controllers
+    from savepoint.controllers import heartbeat, sandbox, session
+
+    monkeypatch.setattr(controllers, "_done", {})
+    monkeypatch.setattr(sandbox, "_granted", {})
+    monkeypatch.setattr(sandbox, "_listed", set())
+    monkeypatch.setattr(sandbox, "_listing", {})
+    monkeypatch.setattr(session, "_children", {})
+    monkeypatch.setattr(session, "_resume_listings", {})
+    monkeypatch.setattr(session, "_namespaces", {})
+    monkeypatch.setattr(heartbeat, "_beats", {})

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from savepoint import controllers
 from savepoint.checkpoint import rfc3339, snapshot_name
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, SESSION_LABEL
@@ -19,12 +18,6 @@ from tests.unit.fake_api import FakeAPI, Request
 NS = "team"
 DRIVER = "hostpath.csi.k8s.io"
 SETTINGS = Settings(hooks=False)
-
-
-@pytest.fixture(autouse=True)
-def fresh_passes(monkeypatch):
-    # one_pass remembers each object's last pass; every test starts from none.
-    monkeypatch.setattr(controllers, "_done", {})
 
 
 def session(phase: str | None = "Ready", deleting: bool = False) -> dict:
