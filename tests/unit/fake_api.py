@@ -255,10 +255,7 @@ class FakeAPI:
             "ensure_role_binding": lambda body: self._ensure("rolebindings", body, read_raises=True),
             "get_role": lambda ns, name: call(lambda: self.read("roles", ns, name), absent=None),
             "get_role_binding": lambda ns, name: call(lambda: self.read("rolebindings", ns, name), absent=None),
-            "list_roles_and_bindings": lambda ns, selector: (
-                self.list("roles", ns, selector),
-                self.list("rolebindings", ns, selector),
-            ),
+            "list_roles_and_bindings": self._list_roles_and_bindings,
             "set_role_rules": lambda ns, name, rules: call(
                 lambda: self.patch("roles", ns, name, {"rules": rules}) and True, absent=False
             ),
@@ -278,6 +275,13 @@ class FakeAPI:
         if read_raises:
             return self.read(kind, meta["namespace"], meta["name"])
         return k8s.call(lambda: self.read(kind, meta["namespace"], meta["name"]), absent=None) or body
+
+    def _list_roles_and_bindings(self, namespace: str, selector: str) -> tuple[list[dict], list[dict]] | None:
+        try:
+            bindings = self.list("rolebindings", namespace, selector)
+            return self.list("roles", namespace, selector), bindings
+        except ApiException:
+            return None
 
     def _iter_custom(self, plural: str, namespace: str | None = None, label_selector: str = "") -> Iterator[dict]:
         yield from self.list(plural, namespace, label_selector)

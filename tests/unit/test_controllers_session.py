@@ -211,3 +211,26 @@ def test_a_pod_of_that_name_owned_by_another_session_waits(api):
     with pytest.raises(kopf.TemporaryError):
         reconcile_session(NS, "s")
     assert api.get("pods", NS, "s")["metadata"]["ownerReferences"] == [{"uid": "uid-older"}]
+
+
+def test_an_account_that_may_not_list_roles_reads_them_one_by_one(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    api.fail("list", "rolebindings", 403, reason="Forbidden")
+    reconcile_session(NS, "s")
+    assert api.names("rolebindings") == ["savepoint-sandbox-s"]
+    assert ("get", "rolebindings") in [(r.verb, r.kind) for r in api.requests]
+    assert api.names("pods") == ["s"]
+
+
+def test_a_role_deleted_behind_the_operators_back_is_made_again(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    reconcile_session(NS, "s")
+    api.delete("roles", NS, "savepoint-sandbox-s")
+    for _ in range(12):  # one chunk each: enough that the Role's window of chunk names must grow
+        EventLog(api.core(), NS, "s", max_chunk_bytes=1024, rollover_bytes=1).append("message", {"n": 1})
+    reconcile_session(NS, "s")
+    assert api.names("roles") == ["savepoint-sandbox-s"]
+    # The widening found it gone (404), so the pass made it again with the wider window.
+    assert [r.verb for r in api.requests if r.kind == "roles"][-3:] == ["patch", "get", "create"]
