@@ -1,7 +1,8 @@
 """The only module that talks to the API server.
 
 Objects travel as plain dicts (the wire form). Writers are safe to repeat: create
-treats AlreadyExists as "it is there", delete treats NotFound as done.
+treats AlreadyExists as "it is there", delete treats NotFound as done. Each function
+says what the API server's refusals mean through `call`, once.
 """
 
 from __future__ import annotations
