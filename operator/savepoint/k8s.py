@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import cache
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, cast
 
 import urllib3
 from kubernetes import client, config
@@ -27,7 +27,6 @@ from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class RateLimiter:
@@ -151,7 +150,7 @@ class Refused(ApiException):
         self.message = status_message(err)
 
 
-def call(send: Callable[[], T], *, absent: Any = _RAISE, exists: Any = _RAISE, refused: bool = False) -> Any:
+def call(send: Callable[[], Any], *, absent: Any = _RAISE, exists: Any = _RAISE, refused: bool = False) -> Any:
     """Send one request and say once what its refusals mean: 404 answers `absent`, 409
     (AlreadyExists, or a failed precondition) answers `exists`, and with `refused` a 400 or
     422 raises Refused. Any other error is raised as it came.
