@@ -234,3 +234,22 @@ def test_a_role_deleted_behind_the_operators_back_is_made_again(api):
     assert api.names("roles") == ["savepoint-sandbox-s"]
     # The widening found it gone (404), so the pass made it again with the wider window.
     assert [r.verb for r in api.requests if r.kind == "roles"][-3:] == ["patch", "get", "create"]
+
+
+def test_after_each_run_a_checkpoint_is_taken_once_per_run_and_only_the_newest_kept(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    body = session()
+    body["spec"]["checkpointPolicy"] = {"afterEachRun": True, "keepLast": 2}
+    api.add("sessions", body)
+    api.add("persistentvolumeclaims", owned("s-workspace", status={"phase": "Bound"}))
+    pod = build_pod(api.get("sessions", NS, "s"), _spec(body), "s-workspace", 0)
+    api.add("pods", {**pod, "status": {"phase": "Running", "containerStatuses": [container()]}})
+    elog = EventLog(api.core(), NS, "s")
+    completed = []
+    for run in ("r1", "r2", "r3"):
+        elog.append("run.started", {"runId": run})
+        completed.append(elog.append("run.completed", {"runId": run}).seq)
+        reconcile_session(NS, "s")
+        reconcile_session(NS, "s")  # a second pass over the same run takes nothing more
+    assert api.names("checkpoints") == [f"s-run-{seq}" for seq in completed[1:]]
+    assert [r.name for r in api.requests if (r.verb, r.kind) == ("delete", "checkpoints")] == [f"s-run-{completed[0]}"]
