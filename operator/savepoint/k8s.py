@@ -1,7 +1,8 @@
 """The only module that talks to the API server.
 
 Objects travel as plain dicts (the wire form). Writers are safe to repeat: create
-treats AlreadyExists as "it is there", delete treats NotFound as done.
+treats AlreadyExists as "it is there", delete treats NotFound as done. Each function
+says what the API server's refusals mean through `call`, once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any, NamedTuple, cast
@@ -25,6 +26,7 @@ from savepoint.config import Settings
 from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 class RateLimiter:
@@ -144,22 +146,46 @@ def status_message(err: ApiException) -> str:
         return str(err.reason or err)
 
 
-def get_pod(namespace: str, name: str) -> dict | None:
+_RAISE: Any = object()
+# The codes the API server answers when it refuses an object as written (bad field, failed schema or CEL rule).
+REFUSED = (400, 422)
+
+
+class Refused(ApiException):
+    """The API server refused the object as written (400, 422); `message` is its reason."""
+
+    def __init__(self, err: ApiException) -> None:
+        super().__init__(status=err.status, reason=err.reason)
+        self.body, self.headers = err.body, err.headers
+        self.message = status_message(err)
+
+
+def call(send: Callable[[], Any], *, absent: Any = _RAISE, exists: Any = _RAISE, refused: bool = False) -> Any:
+    """Send one request and say once what its refusals mean: 404 answers `absent`, 409
+    (AlreadyExists, or a failed precondition) answers `exists`, and with `refused` a 400 or
+    422 raises Refused. Any other error is raised as it came.
+    """
     try:
-        return _raw(core().read_namespaced_pod(name, namespace, _preload_content=False))
+        return send()
     except ApiException as err:
-        if err.status == 404:
-            return None
+        if err.status == 404 and absent is not _RAISE:
+            return absent
+        if err.status == 409 and exists is not _RAISE:
+            return exists
+        if refused and err.status in REFUSED:
+            raise Refused(err) from None
         raise
+
+
+def get_pod(namespace: str, name: str) -> dict | None:
+    return call(lambda: _raw(core().read_namespaced_pod(name, namespace, _preload_content=False)), absent=None)
 
 
 def get_pvc(namespace: str, name: str) -> dict | None:
-    try:
-        return _raw(core().read_namespaced_persistent_volume_claim(name, namespace, _preload_content=False))
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return call(
+        lambda: _raw(core().read_namespaced_persistent_volume_claim(name, namespace, _preload_content=False)),
+        absent=None,
+    )
 
 
 def get_namespace(name: str) -> dict:
@@ -167,12 +193,7 @@ def get_namespace(name: str) -> dict:
 
 
 def get_node(name: str) -> dict | None:
-    try:
-        return _raw(core().read_node(name, _preload_content=False))
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return call(lambda: _raw(core().read_node(name, _preload_content=False)), absent=None)
 
 
 class ExecOutcome(NamedTuple):
@@ -252,25 +273,23 @@ def exec_in_pod(namespace: str, pod: str, container: str, command: list[str], ti
 
 
 def ensure_pod(body: dict) -> dict:
+    """Create the Pod, or read the one of that name; Refused when the API server rejects it."""
     ns = body["metadata"]["namespace"]
-    try:
-        return _raw(core().create_namespaced_pod(ns, cast(Any, body), _preload_content=False))
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    existing = get_pod(ns, body["metadata"]["name"])
-    return existing or body
+    made = call(
+        lambda: _raw(core().create_namespaced_pod(ns, cast(Any, body), _preload_content=False)),
+        exists=None,
+        refused=True,
+    )
+    return made if made is not None else (get_pod(ns, body["metadata"]["name"]) or body)
 
 
 def ensure_pvc(body: dict) -> dict:
     ns = body["metadata"]["namespace"]
-    try:
-        return _raw(core().create_namespaced_persistent_volume_claim(ns, cast(Any, body), _preload_content=False))
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    existing = get_pvc(ns, body["metadata"]["name"])
-    return existing or body
+    made = call(
+        lambda: _raw(core().create_namespaced_persistent_volume_claim(ns, cast(Any, body), _preload_content=False)),
+        exists=None,
+    )
+    return made if made is not None else (get_pvc(ns, body["metadata"]["name"]) or body)
 
 
 def list_pods(namespace: str, label_selector: str) -> list[dict]:
@@ -286,46 +305,31 @@ def list_pvcs(namespace: str, label_selector: str) -> list[dict]:
 
 
 def delete_pod(namespace: str, name: str, uid: str | None = None) -> None:
+    """Delete the Pod; gone already, or another Pod of that name (the uid precondition), is done."""
     options = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid) if uid else None)
-    try:
-        core().delete_namespaced_pod(name, namespace, body=options)
-    except ApiException as err:
-        if err.status not in (404, 409):
-            raise
+    call(lambda: core().delete_namespaced_pod(name, namespace, body=options), absent=None, exists=None)
 
 
 def delete_pvc(namespace: str, name: str) -> None:
-    try:
-        core().delete_namespaced_persistent_volume_claim(name, namespace)
-    except ApiException as err:
-        if err.status != 404:
-            raise
+    call(lambda: core().delete_namespaced_persistent_volume_claim(name, namespace), absent=None)
 
 
 def annotate_pod(namespace: str, name: str, annotations: dict[str, str]) -> None:
-    try:
-        core().patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}})
-    except ApiException as err:
-        if err.status != 404:
-            raise
+    call(lambda: core().patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}}), absent=None)
 
 
 def get_custom(plural: str, namespace: str, name: str) -> dict | None:
-    try:
-        return custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return call(lambda: custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name), absent=None)
 
 
 def patch_status(plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
     """Merge-patch the status subresource; a vanished object is not an error."""
-    try:
-        custom().patch_namespaced_custom_object_status(GROUP, VERSION, namespace, plural, name, {"status": status})
-    except ApiException as err:
-        if err.status != 404:
-            raise
+    call(
+        lambda: custom().patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, plural, name, {"status": status}
+        ),
+        absent=None,
+    )
 
 
 # Objects per page of a listing, ours and kopf's (settings.watching.chunk_size): a cluster's
@@ -356,30 +360,23 @@ def list_custom(plural: str, namespace: str | None = None, label_selector: str =
 
 
 def patch_custom(plural: str, namespace: str, name: str, patch: dict[str, Any]) -> dict | None:
-    try:
-        return custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    """Merge-patch; None when the object is gone."""
+    return call(
+        lambda: custom().patch_namespaced_custom_object(GROUP, VERSION, namespace, plural, name, patch), absent=None
+    )
 
 
 def create_custom(plural: str, namespace: str, body: dict[str, Any]) -> dict | None:
-    """Create; None when an object of that name already exists."""
-    try:
-        return custom().create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body)
-    except ApiException as err:
-        if err.status == 409:
-            return None
-        raise
+    """Create; None when an object of that name already exists, Refused when the API server rejects it."""
+    return call(
+        lambda: custom().create_namespaced_custom_object(GROUP, VERSION, namespace, plural, body),
+        exists=None,
+        refused=True,
+    )
 
 
 def delete_custom(plural: str, namespace: str, name: str) -> None:
-    try:
-        custom().delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
-    except ApiException as err:
-        if err.status != 404:
-            raise
+    call(lambda: custom().delete_namespaced_custom_object(GROUP, VERSION, namespace, plural, name), absent=None)
 
 
 # --- kopf peering ------------------------------------------------------------------------
@@ -387,69 +384,63 @@ def delete_custom(plural: str, namespace: str, name: str) -> None:
 
 def get_kopf_peering(name: str, namespace: str | None = None) -> dict | None:
     """kopf's peering object: a KopfPeering in `namespace`, else the ClusterKopfPeering."""
-    try:
-        if namespace:
-            return custom().get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name)
-        return custom().get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    if namespace:
+        return call(
+            lambda: custom().get_namespaced_custom_object("kopf.dev", "v1", namespace, "kopfpeerings", name),
+            absent=None,
+        )
+    return call(lambda: custom().get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name), absent=None)
 
 
 # --- CSI snapshots and storage ---------------------------------------------------------
 
 
 def get_volume_snapshot(namespace: str, name: str) -> dict | None:
-    try:
-        return custom().get_namespaced_custom_object(
+    return call(
+        lambda: custom().get_namespaced_custom_object(
             SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name
-        )
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+        ),
+        absent=None,
+    )
 
 
 def ensure_volume_snapshot(body: dict) -> dict:
     ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    try:
-        return custom().create_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, ns, "volumesnapshots", body)
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    return get_volume_snapshot(ns, name) or body
+    made = call(
+        lambda: custom().create_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, ns, "volumesnapshots", body),
+        exists=None,
+    )
+    return made if made is not None else (get_volume_snapshot(ns, name) or body)
 
 
 def label_volume_snapshot(namespace: str, name: str, labels: dict[str, str]) -> None:
     """Merge labels into a VolumeSnapshot (gone already is fine)."""
-    try:
-        custom().patch_namespaced_custom_object(
+    call(
+        lambda: custom().patch_namespaced_custom_object(
             SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name, {"metadata": {"labels": labels}}
-        )
-    except ApiException as err:
-        if err.status != 404:
-            raise
+        ),
+        absent=None,
+    )
 
 
 def request_volume_snapshot_deletion(namespace: str, name: str) -> None:
     """Ask for deletion without waiting for it (gone already is fine)."""
-    try:
+    _delete_volume_snapshot(namespace, name)
+
+
+def _delete_volume_snapshot(namespace: str, name: str) -> bool:
+    """Ask for deletion; True when the snapshot was gone already."""
+
+    def send() -> bool:
         custom().delete_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name)
-    except ApiException as err:
-        if err.status != 404:
-            raise
+        return False
+
+    return call(send, absent=True)
 
 
 def delete_volume_snapshot(namespace: str, name: str) -> bool:
     """Ask for deletion; True once the snapshot is gone."""
-    try:
-        custom().delete_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name)
-    except ApiException as err:
-        if err.status == 404:
-            return True
-        raise
-    return get_volume_snapshot(namespace, name) is None
+    return _delete_volume_snapshot(namespace, name) or get_volume_snapshot(namespace, name) is None
 
 
 _classes: tuple[float, list[dict]] = (float("-inf"), [])
@@ -465,12 +456,12 @@ def list_volume_snapshot_classes(max_age: float = 0.0) -> list[dict]:
     fetched, items = _classes
     if time.monotonic() - fetched <= max_age:
         return items
-    try:
-        result = custom().list_cluster_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshotclasses")
-    except ApiException as err:
-        if err.status == 404:
-            return []
-        raise
+    result = call(
+        lambda: custom().list_cluster_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshotclasses"),
+        absent=None,
+    )
+    if result is None:
+        return []
     _classes = (time.monotonic(), result.get("items", []))
     return _classes[1]
 
@@ -485,27 +476,21 @@ def csi_driver_of_claim(pvc: dict) -> str | None:
     if volume in _volume_drivers:
         return _volume_drivers[volume]
     if volume:
-        try:
-            pv = _raw(core().read_persistent_volume(volume, _preload_content=False))
-            driver = ((pv.get("spec") or {}).get("csi") or {}).get("driver")
-            if driver:
-                if len(_volume_drivers) > 50_000:
-                    _volume_drivers.clear()
-                _volume_drivers[volume] = driver
-                return driver
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        pv = call(lambda: _raw(core().read_persistent_volume(volume, _preload_content=False)), absent={})
+        driver = ((pv.get("spec") or {}).get("csi") or {}).get("driver")
+        if driver:
+            if len(_volume_drivers) > 50_000:
+                _volume_drivers.clear()
+            _volume_drivers[volume] = driver
+            return driver
     class_name = (pvc.get("spec") or {}).get("storageClassName")
     if not class_name:
         return None
-    try:
-        sc = _raw(client.StorageV1Api(api_client()).read_storage_class(class_name, _preload_content=False))
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
-    return sc.get("provisioner")
+    sc = call(
+        lambda: _raw(client.StorageV1Api(api_client()).read_storage_class(class_name, _preload_content=False)),
+        absent=None,
+    )
+    return sc.get("provisioner") if sc is not None else None
 
 
 # --- Kubernetes Events ----------------------------------------------------------------
@@ -542,11 +527,15 @@ def post_event(body: dict, reason: str, message: str, warning: bool = False) -> 
 
 def pod_warning(namespace: str, pod: dict, reasons: tuple[str, ...]) -> str | None:
     """The newest message of the kubelet's Warning Events on this Pod with one of `reasons`
-    (FailedMount: the CSI node plugin refused to publish the volume), or None."""
+    (FailedMount: the CSI node plugin refused to publish the volume), or None (also when
+    the Events cannot be read)."""
     meta = pod["metadata"]
-    events = core().list_namespaced_event(
-        namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={meta['name']},type=Warning"
-    )
+    selector = f"involvedObject.kind=Pod,involvedObject.name={meta['name']},type=Warning"
+    try:
+        events = core().list_namespaced_event(namespace, field_selector=selector)
+    except ApiException as err:  # a hint for the status message: unreadable Events are no hint
+        log.debug("reading the Events of Pod %s/%s: %s", namespace, meta["name"], err)
+        return None
     found = [e for e in events.items if e.reason in reasons and (e.involved_object.uid in (None, meta.get("uid")))]
     if not found:
         return None
@@ -563,11 +552,9 @@ def rbac() -> client.RbacAuthorizationV1Api:
 
 def _create_or_get(create: Any, read: Any, namespace: str, body: dict) -> dict:
     """Create; when it exists already, the existing object (the caller checks its owner)."""
-    try:
-        return _raw(create(namespace, body, _preload_content=False))
-    except ApiException as err:
-        if err.status != 409:
-            raise
+    made = call(lambda: _raw(create(namespace, body, _preload_content=False)), exists=None)
+    if made is not None:
+        return made
     return _raw(read(body["metadata"]["name"], namespace, _preload_content=False))
 
 
@@ -589,35 +576,35 @@ def ensure_role_binding(body: dict) -> dict:
 
 
 def get_role(namespace: str, name: str) -> dict | None:
-    try:
-        return _raw(rbac().read_namespaced_role(name, namespace, _preload_content=False))
-    except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+    return call(lambda: _raw(rbac().read_namespaced_role(name, namespace, _preload_content=False)), absent=None)
 
 
 def get_role_binding(namespace: str, name: str) -> dict | None:
+    return call(lambda: _raw(rbac().read_namespaced_role_binding(name, namespace, _preload_content=False)), absent=None)
+
+
+def list_roles_and_bindings(namespace: str, label_selector: str) -> tuple[list[dict], list[dict]] | None:
+    """The Roles and RoleBindings with the label; None when either cannot be listed (say,
+    a ClusterRole from before `list` was granted), logged with the API server's code."""
+    api = rbac()
     try:
-        return _raw(rbac().read_namespaced_role_binding(name, namespace, _preload_content=False))
+        bindings = _raw(
+            api.list_namespaced_role_binding(namespace, label_selector=label_selector, _preload_content=False)
+        )
+        roles = _raw(api.list_namespaced_role(namespace, label_selector=label_selector, _preload_content=False))
     except ApiException as err:
-        if err.status == 404:
-            return None
-        raise
+        log.warning("cannot list Roles and RoleBindings in %s (%s)", namespace, err.status)
+        return None
+    return roles["items"], bindings["items"]
 
 
-def list_roles(namespace: str, label_selector: str) -> list[dict]:
-    return _raw(rbac().list_namespaced_role(namespace, label_selector=label_selector, _preload_content=False))["items"]
+def set_role_rules(namespace: str, name: str, rules: list[dict]) -> bool:
+    """Replace a Role's rules (a merge patch replaces the whole list); False when the Role is gone."""
 
+    def send() -> bool:
+        rbac().patch_namespaced_role(
+            name, namespace, {"rules": rules}, _content_type="application/merge-patch+json", _preload_content=False
+        )
+        return True
 
-def list_role_bindings(namespace: str, label_selector: str) -> list[dict]:
-    return _raw(rbac().list_namespaced_role_binding(namespace, label_selector=label_selector, _preload_content=False))[
-        "items"
-    ]
-
-
-def set_role_rules(namespace: str, name: str, rules: list[dict]) -> None:
-    """Replace a Role's rules (a merge patch replaces the whole list)."""
-    rbac().patch_namespaced_role(
-        name, namespace, {"rules": rules}, _content_type="application/merge-patch+json", _preload_content=False
-    )
+    return call(send, absent=False)

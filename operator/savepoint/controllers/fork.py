@@ -13,7 +13,6 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from savepoint import failpoints, k8s, metrics
@@ -276,11 +275,9 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
             raise ForkError(ForkReason.INVALID_TARGET, message) from None
         try:
             created = k8s.create_custom("sessions", namespace, new)
-        except ApiException as err:
-            if err.status not in (400, 422):
-                raise
+        except k8s.Refused as err:
             raise ForkError(
-                ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {k8s.status_message(err)}"
+                ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {err.message}"
             ) from None
         target = created or k8s.get_custom("sessions", namespace, target_name)
         _write(

@@ -16,7 +16,6 @@ import threading
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from savepoint import k8s, sandbox
 from savepoint.eventlog import EventLog
@@ -44,17 +43,9 @@ def _learn_namespace(namespace: str) -> None:
     with lock:
         if namespace in _listed:
             return
-        try:
-            bound = {
-                ref["uid"]
-                for binding in k8s.list_role_bindings(namespace, SANDBOX_SELECTOR)
-                for ref in binding["metadata"].get("ownerReferences") or []
-            }
-            roles = k8s.list_roles(namespace, SANDBOX_SELECTOR)
-        except ApiException as err:
-            # Say, a ClusterRole from before `list` was granted: read each one instead.
-            log.warning("cannot list sandbox Roles in %s (%s); reading them one by one", namespace, err.status)
-            roles, bound = [], set()
+        # Unlisted (an account that may not list them): each one is read when it is needed.
+        roles, bindings = k8s.list_roles_and_bindings(namespace, SANDBOX_SELECTOR) or ([], [])
+        bound = {ref["uid"] for binding in bindings for ref in binding["metadata"].get("ownerReferences") or []}
         with _guard:
             for role in roles:
                 for ref in role["metadata"].get("ownerReferences") or []:
@@ -106,11 +97,7 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
     assert newest is not None  # a Role found without a listing is only read when the caller listed the log
     if sandbox.needs_widening(granted, newest):
         granted = sandbox.window(newest)
-        try:
-            k8s.set_role_rules(namespace, name, sandbox.role_rules(session, granted))
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        if not k8s.set_role_rules(namespace, name, sandbox.role_rules(session, granted)):
             forget(uid)  # deleted behind our back: make it again
             return ensure_sandbox_access(body, newest)
     with _guard:

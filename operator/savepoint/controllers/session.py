@@ -15,7 +15,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
 from savepoint import idle, k8s, metrics, podsecurity
 from savepoint.conditions import ConditionType, now_rfc3339, set_condition
@@ -285,13 +284,11 @@ def _reconcile(
             made_child("pods", pod)
         except PodTemplateError as err:
             template_error = (Reason.INVALID_POD_TEMPLATE, str(err))
-        except ApiException as err:
-            if err.status not in (400, 422):
-                raise
+        except k8s.Refused as err:
             # The API server refused the Pod the template makes: say why, instead of retrying forever.
             template_error = (
                 Reason.INVALID_POD_TEMPLATE,
-                f"spec.podTemplate: the API server refused the Pod: {k8s.status_message(err)}",
+                f"spec.podTemplate: the API server refused the Pod: {err.message}",
             )
     elif pod_phase(pod) == "Running" and POD_BOOT_MS not in (pod["metadata"].get("annotations") or {}):
         created = int((pod["metadata"].get("annotations") or {}).get(POD_CREATED_MS, now_ms()))
@@ -655,11 +652,7 @@ def _mount_warning(namespace: str, pod: dict | None) -> str | None:
     created = (pod.get("metadata") or {}).get("creationTimestamp")
     if not created or datetime.now(UTC) - datetime.fromisoformat(created.replace("Z", "+00:00")) < MOUNT_WARNING_AFTER:
         return None
-    try:
-        return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
-    except ApiException as err:
-        log.debug("reading the Events of Pod %s/%s: %s", namespace, pod["metadata"]["name"], err)
-        return None
+    return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
 
 
 def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: list[Event] | None = None) -> Observed:

@@ -1,0 +1,272 @@
+"""Table tests of whole Checkpoint passes against the in-memory API (tests/unit/fake_api.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from savepoint.checkpoint import rfc3339, snapshot_name
+from savepoint.config import Settings
+from savepoint.constants import API_VERSION, SESSION_LABEL
+from savepoint.controllers.checkpoint import reconcile_checkpoint
+from savepoint.eventlog import EventLog
+from tests.unit.fake_api import FakeAPI, Request
+
+NS = "team"
+DRIVER = "hostpath.csi.k8s.io"
+SETTINGS = Settings(hooks=False)
+
+
+def session(phase: str | None = "Ready", deleting: bool = False) -> dict:
+    meta: dict = {"name": "s", "namespace": NS, "uid": "uid-s"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Session",
+        "metadata": meta,
+        "spec": {"harness": {"image": "h", "revision": "r1"}},
+        "status": {"phase": phase, "workspaceClaimName": "s-workspace"} if phase else {},
+    }
+
+
+def checkpoint(name: str = "cp", created: datetime | None = None) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Checkpoint",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "creationTimestamp": rfc3339(created or datetime.now(UTC)),
+        },
+        "spec": {"sessionName": "s"},
+    }
+
+
+def world(api: FakeAPI, the_session: dict | None, events: list[str] = (), annotations: dict | None = None) -> None:
+    api.add("namespaces", {"metadata": {"name": NS, "annotations": annotations or {}}})
+    api.add("storageclasses", {"metadata": {"name": "fast"}, "provisioner": DRIVER})
+    api.add("volumesnapshotclasses", {"metadata": {"name": "snaps"}, "driver": DRIVER})
+    api.add(
+        "persistentvolumeclaims",
+        {"metadata": {"name": "s-workspace", "namespace": NS}, "spec": {"storageClassName": "fast"}},
+    )
+    if the_session is not None:
+        api.add("sessions", the_session)
+        elog = EventLog(api.core(), NS, "s")
+        for kind in events:
+            elog.append(kind, {"runId": "r"} if kind.startswith("run.") else {})
+
+
+@pytest.fixture
+def api(monkeypatch) -> FakeAPI:
+    return FakeAPI().install(monkeypatch)
+
+
+def status(api: FakeAPI, name: str = "cp") -> dict:
+    return (api.get("checkpoints", NS, name) or {}).get("status") or {}
+
+
+def log_types(api: FakeAPI) -> list[str]:
+    return [e.type for e in EventLog(api.core(), NS, "s").read()]
+
+
+@dataclass
+class Admission:
+    id: str
+    session: dict | None
+    events: list[str] = field(default_factory=list)
+    annotations: dict = field(default_factory=dict)
+    age: timedelta = timedelta(0)
+    phase: str = ""
+    reason: str | None = None
+    snapshot: bool = False
+
+
+ADMISSIONS = [
+    Admission("session missing, just created: waits", None, phase="Pending", reason="WaitingForSession"),
+    Admission(
+        "session missing past the grace: rejected",
+        None,
+        age=timedelta(minutes=1),
+        phase="Rejected",
+        reason="SessionNotFound",
+    ),
+    Admission("session provisioning: waits", session("Provisioning"), phase="Pending", reason="WaitingForSession"),
+    Admission(
+        "session provisioning past the wait timeout: rejected",
+        session("Provisioning"),
+        age=timedelta(hours=1),
+        phase="Rejected",
+        reason="SessionNotReady",
+    ),
+    Admission("session ready: accepted, snapshot made", session("Ready"), phase="Pending", snapshot=True),
+    Admission("session failed: rejected", session("Failed"), phase="Rejected", reason="SessionNotReady"),
+    Admission(
+        "a run in flight in the log: busy", session("Ready"), ["run.started"], phase="Rejected", reason="SessionBusy"
+    ),
+    Admission(
+        "an approval pending in the log: busy",
+        session("Ready"),
+        ["agent.approval_request"],
+        phase="Rejected",
+        reason="SessionBusy",
+    ),
+    Admission(
+        "zero data retention namespace",
+        session("Ready"),
+        annotations={"savepoint.dev/zero-data-retention": "true"},
+        phase="Rejected",
+        reason="ZeroDataRetention",
+    ),
+    Admission(
+        "a bad namespace annotation",
+        session("Ready"),
+        annotations={"savepoint.dev/checkpoint-ttl": "soon"},
+        phase="Rejected",
+        reason="InvalidWorkspacePolicy",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ADMISSIONS, ids=lambda c: c.id)
+def test_admission(api, case):
+    world(api, case.session, case.events, case.annotations)
+    api.add("checkpoints", checkpoint(created=datetime.now(UTC) - case.age))
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    got = status(api)
+    assert (got.get("phase"), got.get("reason")) == (case.phase, case.reason)
+    assert (snapshot_name("cp") in api.names("volumesnapshots")) == case.snapshot
+    assert api.get("checkpoints", NS, "cp")["status"]["observedGeneration"] == 1
+    if case.phase == "Rejected":
+        assert api.events[-1][1:] == (case.reason, got["message"], True)
+
+
+def test_accepted_checkpoint_is_cut_owned_and_snapshotted_by_deterministic_names(api):
+    world(api, session("Ready"), ["message", "message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    cp = api.get("checkpoints", NS, "cp")
+    owner = {"apiVersion": API_VERSION, "kind": "Session", "name": "s", "uid": "uid-s", "blockOwnerDeletion": True}
+    assert cp["metadata"]["ownerReferences"] == [{**owner, "controller": False}]
+    assert cp["metadata"]["labels"][SESSION_LABEL] == "s"
+    assert cp["status"]["throughSequence"] == 2
+    assert cp["status"]["volumeSnapshotName"] == "sp-cp"
+    vs = api.get("volumesnapshots", NS, "sp-cp")
+    assert vs["spec"] == {"volumeSnapshotClassName": "snaps", "source": {"persistentVolumeClaimName": "s-workspace"}}
+    assert [(r["kind"], r["uid"]) for r in vs["metadata"]["ownerReferences"]] == [("Checkpoint", "uid-cp")]
+    # Pending with the cut is written before the snapshot is created (status before the side effect).
+    writes = [(r.verb, r.kind) for r in api.writes()]
+    assert writes.index(("patch_status", "checkpoints")) < writes.index(("create", "volumesnapshots"))
+
+
+def _ready_snapshot(api: FakeAPI, name: str = "sp-cp") -> None:
+    api.patch("volumesnapshots", NS, name, {"status": {"readyToUse": True, "restoreSize": "1Gi"}})
+
+
+def test_snapshot_ready_makes_the_checkpoint_ready_and_logs_it_once(api):
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    reconcile_checkpoint(NS, "cp", SETTINGS)  # the snapshot is not ready yet: nothing changes
+    assert status(api)["phase"] == "Pending"
+    _ready_snapshot(api)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    got = status(api)
+    assert (got["phase"], got["restoreSize"]) == ("Ready", "1Gi")
+    assert api.get("volumesnapshots", NS, "sp-cp")["metadata"]["labels"]["savepoint.dev/settled"] == "true"
+    # A retried pass over a Ready-but-not-yet-written checkpoint must not append again.
+    api.patch("checkpoints", NS, "cp", {"status": {"phase": "Pending"}}, status=True)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert log_types(api) == ["message", "checkpoint.created"]
+    assert status(api)["phase"] == "Ready"
+
+
+def test_a_snapshot_error_fails_the_checkpoint_and_asks_to_delete_the_snapshot(api):
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    api.patch("volumesnapshots", NS, "sp-cp", {"status": {"error": {"message": "disk on fire"}}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    got = status(api)
+    assert (got["phase"], got["reason"]) == ("Failed", "SnapshotFailed")
+    assert "disk on fire" in got["message"]
+    assert "sp-cp" not in api.names("volumesnapshots")
+    writes = [(r.verb, r.kind) for r in api.writes()]
+    assert writes[-2:] == [("patch_status", "checkpoints"), ("delete", "volumesnapshots")]
+
+
+def test_a_snapshot_of_that_name_already_there_is_used(api):
+    """A 409 on create: an earlier pass made it (deterministic name), so this one reads it."""
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint())
+    api.add(
+        "volumesnapshots",
+        {
+            "metadata": {
+                "name": "sp-cp",
+                "namespace": NS,
+                "ownerReferences": [{"kind": "Checkpoint", "name": "cp", "uid": "uid-cp"}],
+            },
+            "status": {"readyToUse": True, "restoreSize": "5Mi"},
+        },
+    )
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert Request("create", "volumesnapshots", NS, "sp-cp") in api.requests
+    assert Request("get", "volumesnapshots", NS, "sp-cp") in api.requests
+    assert (status(api)["phase"], status(api)["restoreSize"]) == ("Ready", "5Mi")
+
+
+def test_a_snapshot_left_by_an_earlier_checkpoint_of_that_name_is_deleted_not_used(api):
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint())
+    old = {"kind": "Checkpoint", "name": "cp", "uid": "uid-of-an-older-cp"}
+    api.add("volumesnapshots", {"metadata": {"name": "sp-cp", "namespace": NS, "ownerReferences": [old]}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api)["phase"] == "Pending"
+    assert "sp-cp" not in api.names("volumesnapshots")
+
+
+def test_an_error_on_create_fails_the_pass_and_a_rerun_converges(api):
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint())
+    api.fail("create", "volumesnapshots", 500)
+    with pytest.raises(ApiException) as err:
+        reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert err.value.status == 500
+    assert status(api)["phase"] == "Pending" and status(api)["throughSequence"] == 0
+    assert api.names("volumesnapshots") == []
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert api.names("volumesnapshots") == ["sp-cp"]
+    _ready_snapshot(api)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api)["phase"] == "Ready"
+    assert log_types(api) == ["checkpoint.created"]
+
+
+def test_a_conflict_on_the_log_append_is_retried_and_appends_once(api):
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    _ready_snapshot(api)
+    api.fail("patch", "configmaps", 409)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api)["phase"] == "Ready"
+    assert log_types(api) == ["message", "checkpoint.created"]
+
+
+def test_a_checkpoint_gone_is_nothing_to_do(api):
+    world(api, session("Ready"))
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert api.writes() == []
+
+
+def test_a_settled_checkpoint_is_not_touched(api):
+    world(api, session("Ready"))
+    api.add("checkpoints", {**checkpoint(), "status": {"phase": "Rejected", "reason": "SessionBusy"}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert api.writes() == []

@@ -1,0 +1,289 @@
+"""Table tests of whole Fork passes (forks and rollbacks) against the in-memory API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from savepoint.config import Settings
+from savepoint.constants import API_VERSION, FORK_ANNOTATION, RESTORING_ANNOTATION, SESSION_LABEL
+from savepoint.controllers.fork import reconcile_fork
+from savepoint.eventlog import EventLog
+from savepoint.fork import target_claim_name
+from tests.unit.fake_api import FakeAPI
+
+NS = "team"
+SETTINGS = Settings()
+
+
+@pytest.fixture
+def api(monkeypatch) -> FakeAPI:
+    return FakeAPI().install(monkeypatch)
+
+
+def session(name: str = "s", phase: str = "Ready", claim: str | None = None) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Session",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "spec": {"harness": {"name": "agent", "revision": "r1"}},
+        "status": {"phase": phase, "workspaceClaimName": claim or f"{name}-workspace"},
+    }
+
+
+def checkpoint(name: str, phase: str = "Ready", through: int = 2, event_id: str | None = "e2") -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Checkpoint",
+        "metadata": {"name": name, "namespace": NS, "labels": {SESSION_LABEL: "s"}},
+        "spec": {"sessionName": "s"},
+        "status": {
+            "phase": phase,
+            "volumeSnapshotName": f"sp-{name}",
+            "throughSequence": through,
+            "throughEventId": event_id,
+            "expiresAt": "2026-01-02T00:00:00Z",
+        },
+    }
+
+
+def fork(source: dict, mode: str = "Fork", target: str | None = "t") -> dict:
+    spec: dict = {"source": source, "mode": mode}
+    if target:
+        spec["target"] = {"sessionName": target}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Fork",
+        "metadata": {"name": "f", "namespace": NS, "uid": "uid-f", "generation": 1},
+        "spec": spec,
+    }
+
+
+def log(api: FakeAPI, name: str = "s") -> EventLog:
+    return EventLog(api.core(), NS, name)
+
+
+def world(api: FakeAPI, events: int = 3, checkpoints: list[dict] = ()) -> list:
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    written = [log(api).append("message", {"n": n}) for n in range(1, events + 1)]
+    for body in checkpoints:
+        api.add("checkpoints", body)
+    return written
+
+
+def fork_status(api: FakeAPI) -> dict:
+    return api.get("forks", NS, "f").get("status") or {}
+
+
+@dataclass
+class Case:
+    id: str
+    source: dict
+    checkpoints: list[dict] = field(default_factory=list)
+    phase: str = "Restoring"
+    reason: str | None = None
+    restore: str | None = None
+    through: int | None = None
+    checkpoint: str | None = None
+    target_source: dict | None = None
+
+
+PLANS = [
+    Case(
+        "from a ready checkpoint",
+        {"checkpoint": "cp"},
+        [checkpoint("cp")],
+        restore="snapshot",
+        through=2,
+        checkpoint="cp",
+        target_source={"checkpoint": "cp"},
+    ),
+    Case(
+        "from a session: its newest ready checkpoint",
+        {"session": "s"},
+        [checkpoint("old", through=1), checkpoint("new", through=3), checkpoint("bad", phase="Failed", through=9)],
+        restore="snapshot",
+        through=3,
+        checkpoint="new",
+        target_source={"checkpoint": "new"},
+    ),
+    Case(
+        "from a session without checkpoints: its whole log",
+        {"session": "s"},
+        restore="event_log_rebuild",
+        through=3,
+        target_source={"session": "s"},
+    ),
+    Case(
+        "at an event",
+        {"session": "s", "atEvent": "2"},
+        restore="event_log_rebuild",
+        through=2,
+        target_source={"session": "s", "atEvent": "2"},
+    ),
+    Case("at an event the log does not have", {"session": "s", "atEvent": "7"}, phase="Failed", reason="EventNotFound"),
+    Case("from a session that is not there", {"session": "ghost"}, phase="Failed", reason="SessionNotFound"),
+    Case(
+        "from an expired checkpoint",
+        {"checkpoint": "cp"},
+        [checkpoint("cp", phase="Expired")],
+        phase="Failed",
+        reason="CheckpointExpired",
+    ),
+    Case(
+        "from a failed checkpoint",
+        {"checkpoint": "cp"},
+        [checkpoint("cp", phase="Failed")],
+        phase="Failed",
+        reason="CheckpointNotReady",
+    ),
+    Case(
+        "from a pending checkpoint: waits",
+        {"checkpoint": "cp"},
+        [checkpoint("cp", phase="Pending")],
+        phase="Pending",
+        reason="WaitingForCheckpoint",
+    ),
+    Case(
+        "from a checkpoint not created yet: waits", {"checkpoint": "cp"}, phase="Pending", reason="WaitingForCheckpoint"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", PLANS, ids=lambda c: c.id)
+def test_fork_plan(api, case):
+    world(api, checkpoints=case.checkpoints)
+    api.add("forks", fork(case.source))
+    reconcile_fork(NS, "f", SETTINGS)
+    got = fork_status(api)
+    assert (got["phase"], got.get("reason")) == (case.phase, case.reason)
+    if case.restore is None:
+        assert api.names("sessions") == ["s"]  # nothing is made before the source resolves
+        return
+    plan = got["plan"]
+    assert (plan["restore"], plan["through_sequence"], plan.get("checkpoint")) == (
+        case.restore,
+        case.through,
+        case.checkpoint,
+    )
+    target = api.get("sessions", NS, "t")
+    assert target["spec"]["source"] == case.target_source
+    assert target["metadata"]["annotations"][FORK_ANNOTATION] == "uid-f"
+    assert target["metadata"]["annotations"]["savepoint.dev/through-sequence"] == str(case.through)
+    assert target["spec"]["harness"]["name"] == "agent"
+
+
+def test_the_plan_is_pinned_and_the_fork_succeeds_when_its_target_is_ready(api):
+    world(api)
+    api.add("forks", fork({"session": "s"}))
+    reconcile_fork(NS, "f", SETTINGS)
+    log(api).append("message", {"n": 4})  # the log moves on: the pinned plan does not
+    reconcile_fork(NS, "f", SETTINGS)
+    assert fork_status(api)["plan"]["through_sequence"] == 3
+    assert fork_status(api)["phase"] == "Restoring"
+    api.patch("sessions", NS, "t", {"status": {"phase": "Ready"}}, status=True)
+    reconcile_fork(NS, "f", SETTINGS)
+    got = fork_status(api)
+    assert (got["phase"], got["targetSession"]) == ("Succeeded", "t")
+    assert got["conditions"][0]["status"] == "True"
+    reconcile_fork(NS, "f", SETTINGS)  # terminal: no more writes
+    assert api.writes()[-1].verb == "patch_status" and fork_status(api)["phase"] == "Succeeded"
+
+
+def test_a_target_of_that_name_made_by_someone_else_fails_the_fork(api):
+    world(api)
+    api.add("sessions", session("t"))
+    api.add("forks", fork({"session": "s"}))
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["phase"], fork_status(api)["reason"]) == ("Failed", "TargetExists")
+
+
+def test_a_target_the_api_server_refuses_fails_the_fork_with_its_reason(api):
+    world(api)
+    api.add("forks", fork({"session": "s"}))
+    api.fail("create", "sessions", 422, reason="Invalid")
+    reconcile_fork(NS, "f", SETTINGS)
+    got = fork_status(api)
+    assert (got["phase"], got["reason"]) == ("Failed", "InvalidTarget")
+    assert got["message"].startswith("the API server refused session t")
+
+
+def test_a_server_error_creating_the_target_is_raised_and_a_rerun_converges(api):
+    world(api)
+    api.add("forks", fork({"session": "s"}))
+    api.fail("create", "sessions", 500)
+    with pytest.raises(ApiException):
+        reconcile_fork(NS, "f", SETTINGS)
+    assert fork_status(api)["phase"] == "Pending" and "t" not in api.names("sessions")
+    reconcile_fork(NS, "f", SETTINGS)
+    assert fork_status(api)["phase"] == "Restoring" and "t" in api.names("sessions")
+
+
+# --- rollback -------------------------------------------------------------------------
+
+
+def rollback_world(api: FakeAPI) -> str:
+    world(api, events=4, checkpoints=[checkpoint("cp", through=2)])
+    api.add("pods", {"metadata": {"name": "s", "namespace": NS}})
+    api.add(
+        "persistentvolumeclaims", {"metadata": {"name": "s-workspace", "namespace": NS, "labels": {SESSION_LABEL: "s"}}}
+    )
+    api.add("forks", fork({"checkpoint": "cp"}, mode="Rollback", target=None))
+    return target_claim_name("s", "f")
+
+
+def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
+    claim = rollback_world(api)
+    reconcile_fork(NS, "f", SETTINGS)
+    s = api.get("sessions", NS, "s")
+    assert s["metadata"]["annotations"][RESTORING_ANNOTATION] == "f"
+    new = api.get("persistentvolumeclaims", NS, claim)
+    assert new["spec"]["dataSource"] == {
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": "sp-cp",
+    }
+    assert fork_status(api)["phase"] == "Restoring"
+
+    reconcile_fork(NS, "f", SETTINGS)  # the Pod goes first
+    assert api.names("pods") == []
+    reconcile_fork(NS, "f", SETTINGS)  # the new claim is not Bound yet: wait
+    assert api.get("sessions", NS, "s")["status"]["workspaceClaimName"] == "s-workspace"
+
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    api.fail("patch", "sessions", 500)  # the hand-back fails once, after the swap
+    with pytest.raises(ApiException):
+        reconcile_fork(NS, "f", SETTINGS)
+    reconcile_fork(NS, "f", SETTINGS)
+    s = api.get("sessions", NS, "s")
+    assert s["status"]["workspaceClaimName"] == claim
+    assert RESTORING_ANNOTATION not in (s["metadata"].get("annotations") or {})
+    assert api.names("persistentvolumeclaims") == [claim]
+    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2026-01-02T00:00:00Z"
+    rollbacks = [e for e in log(api).read() if e.type == "session.rollback"]
+    assert [(e.data["toSequence"], e.data["fork"]) for e in rollbacks] == [(2, "uid-f")]
+
+    reconcile_fork(NS, "f", SETTINGS)
+    assert fork_status(api)["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize(
+    ("events", "phase", "reason"),
+    [
+        (["run.started"], "Ready", "SessionBusy"),
+        ([], "Running", "SessionBusy"),
+        ([], "Provisioning", "SessionNotReady"),
+    ],
+)
+def test_a_rollback_of_a_session_that_is_busy_or_not_ready_fails_untouched(api, events, phase, reason):
+    rollback_world(api)
+    api.patch("sessions", NS, "s", {"status": {"phase": phase}}, status=True)
+    for kind in events:
+        log(api).append(kind, {"runId": "r"})
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["phase"], fork_status(api)["reason"]) == ("Failed", reason)
+    assert RESTORING_ANNOTATION not in (api.get("sessions", NS, "s")["metadata"].get("annotations") or {})
+    assert api.names("persistentvolumeclaims") == ["s-workspace"]

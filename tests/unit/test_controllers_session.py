@@ -1,0 +1,255 @@
+"""Table tests of whole Session passes against the in-memory API: what a pass makes, and
+the phase it writes from the claim, the Pod and the log it finds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from savepoint.constants import API_VERSION
+from savepoint.controllers.session import reconcile_session
+from savepoint.eventlog import EventLog
+from savepoint.session import build_pod
+from tests.unit.fake_api import FakeAPI
+
+NS = "team"
+TEMPLATE = {"spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}
+
+
+@pytest.fixture
+def api(monkeypatch) -> FakeAPI:
+    return FakeAPI().install(monkeypatch)
+
+
+def session(mode: str = "Running", template: dict | None = None) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Session",
+        "metadata": {"name": "s", "namespace": NS, "uid": "uid-s", "generation": 1},
+        "spec": {"harness": {"name": "agent"}, "podTemplate": template or TEMPLATE, "operatingMode": mode},
+    }
+
+
+def owned(name: str, **rest) -> dict:
+    owner = {"apiVersion": API_VERSION, "kind": "Session", "name": "s", "uid": "uid-s", "controller": True}
+    return {"metadata": {"name": name, "namespace": NS, "ownerReferences": [owner]}, **rest}
+
+
+def container(waiting: str | None = None) -> dict:
+    state = {"waiting": {"reason": waiting, "message": "no such image"}} if waiting else {"running": {}}
+    return {"name": "agent", "image": "agent:1", "state": state}
+
+
+def status(api: FakeAPI) -> dict:
+    return api.get("sessions", NS, "s").get("status") or {}
+
+
+def ready_reason(api: FakeAPI) -> str:
+    return next(c["reason"] for c in status(api)["conditions"] if c["type"] == "Ready")
+
+
+@dataclass
+class Case:
+    id: str
+    claim: str | None = None  # the claim's status.phase; None: no claim yet
+    pod: str | None = None  # the Pod's status.phase; None: no Pod yet
+    waiting: str | None = None  # a container's waiting reason
+    events: list[str] = field(default_factory=list)
+    mode: str = "Running"
+    phase: str = ""
+    reason: str = ""
+
+
+PHASES = [
+    Case("nothing made yet", phase="Provisioning", reason="WorkspacePending"),
+    Case("claim pending", claim="Pending", pod="Pending", phase="Provisioning", reason="WorkspacePending"),
+    Case("claim bound, Pod pending", claim="Bound", pod="Pending", phase="Provisioning", reason="PodPending"),
+    Case(
+        "an image that may never be pulled",
+        claim="Bound",
+        pod="Pending",
+        waiting="ErrImageNeverPull",
+        phase="Failed",
+        reason="ImageUnavailable",
+    ),
+    Case(
+        "an image pull backing off",
+        claim="Bound",
+        pod="Pending",
+        waiting="ImagePullBackOff",
+        phase="Provisioning",
+        reason="ContainerWaiting",
+    ),
+    Case("Pod running, log idle", claim="Bound", pod="Running", phase="Ready", reason="Idle"),
+    Case(
+        "a run in flight", claim="Bound", pod="Running", events=["run.started"], phase="Running", reason="RunInFlight"
+    ),
+    Case(
+        "a run completed",
+        claim="Bound",
+        pod="Running",
+        events=["run.started", "run.completed"],
+        phase="Ready",
+        reason="Idle",
+    ),
+    Case(
+        "an approval pending",
+        claim="Bound",
+        pod="Running",
+        events=["agent.approval_request"],
+        phase="AwaitingApproval",
+        reason="ApprovalPending",
+    ),
+    Case("Pod failed", claim="Bound", pod="Failed", phase="Failed", reason="PodFailed"),
+    Case("Pod exited", claim="Bound", pod="Succeeded", phase="Ended", reason="PodSucceeded"),
+    Case("paused, Pod gone", claim="Bound", mode="Paused", phase="Paused", reason="Paused"),
+]
+
+
+@pytest.mark.parametrize("case", PHASES, ids=lambda c: c.id)
+def test_phase_from_claim_pod_and_log(api, case):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    body = api.add("sessions", session(case.mode))
+    if case.claim:
+        api.add("persistentvolumeclaims", owned("s-workspace", status={"phase": case.claim}))
+    if case.pod:
+        pod = build_pod(body, _spec(body), "s-workspace", 0)
+        pod["status"] = {"phase": case.pod, "containerStatuses": [container(case.waiting)]}
+        api.add("pods", pod)
+    elog = EventLog(api.core(), NS, "s")
+    for kind in case.events:
+        elog.append(kind, {"runId": "r1"})
+    reconcile_session(NS, "s")
+    assert (status(api)["phase"], ready_reason(api)) == (case.phase, case.reason)
+    assert status(api)["observedGeneration"] == 1
+    assert status(api)["eventLog"]["lastSequence"] == len(case.events)
+
+
+def _spec(body: dict):
+    from savepoint.models import SessionSpec
+
+    return SessionSpec.model_validate(body["spec"])
+
+
+def test_a_first_pass_makes_the_log_account_claim_and_pod_by_their_names(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    reconcile_session(NS, "s")
+    assert api.names("configmaps") == ["s-log-000001"]
+    assert api.names("serviceaccounts") == api.names("roles") == api.names("rolebindings") == ["savepoint-sandbox-s"]
+    assert api.names("persistentvolumeclaims") == ["s-workspace"]
+    assert api.names("pods") == ["s"]
+    pod = api.get("pods", NS, "s")
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-s"
+    assert pod["spec"]["serviceAccountName"] == "savepoint-sandbox-s"
+    creates = [r.kind for r in api.writes() if r.verb == "create"]
+    # The account before the Pod that runs as it; the status is written once, at the end.
+    assert creates.index("rolebindings") < creates.index("pods")
+    assert [r.verb for r in api.writes() if r.kind == "sessions"] == ["patch_status"]
+    assert status(api)["workspaceClaimName"] == "s-workspace"
+    assert status(api)["restore"] == {"mode": "fresh"}
+
+
+def test_a_second_pass_makes_nothing_again(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    reconcile_session(NS, "s")
+    made = len([r for r in api.writes() if r.verb == "create"])
+    reconcile_session(NS, "s")
+    assert len([r for r in api.writes() if r.verb == "create"]) == made
+
+
+def test_pausing_deletes_the_pod_and_keeps_the_claim(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    reconcile_session(NS, "s")
+    api.patch("sessions", NS, "s", {"spec": {"operatingMode": "Paused"}})
+    reconcile_session(NS, "s")
+    assert api.names("pods") == []
+    assert api.names("persistentvolumeclaims") == ["s-workspace"]
+    assert status(api)["observedGeneration"] == 2
+
+
+def test_a_pod_the_api_server_refuses_fails_the_session_naming_the_template(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    api.fail("create", "pods", 422, reason="Invalid")
+    reconcile_session(NS, "s")
+    assert (status(api)["phase"], ready_reason(api)) == ("Failed", "InvalidPodTemplate")
+    message = next(c["message"] for c in status(api)["conditions"] if c["type"] == "Ready")
+    assert message.startswith("spec.podTemplate: the API server refused the Pod")
+
+
+def test_a_template_without_containers_fails_without_a_request_for_the_pod(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session(template={"spec": {}}))
+    reconcile_session(NS, "s")
+    assert (status(api)["phase"], ready_reason(api)) == ("Failed", "InvalidPodTemplate")
+    assert not any(r.kind == "pods" and r.verb == "create" for r in api.requests)
+
+
+def test_a_server_error_on_the_pod_raises_and_a_rerun_converges(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    api.fail("create", "pods", 500)
+    with pytest.raises(ApiException):
+        reconcile_session(NS, "s")
+    assert api.names("pods") == []
+    reconcile_session(NS, "s")
+    assert api.names("pods") == ["s"]
+    assert status(api)["phase"] == "Provisioning"
+
+
+def test_a_pod_of_that_name_owned_by_another_session_waits(api):
+    import kopf
+
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    api.add("pods", {"metadata": {"name": "s", "namespace": NS, "ownerReferences": [{"uid": "uid-older"}]}})
+    with pytest.raises(kopf.TemporaryError):
+        reconcile_session(NS, "s")
+    assert api.get("pods", NS, "s")["metadata"]["ownerReferences"] == [{"uid": "uid-older"}]
+
+
+def test_an_account_that_may_not_list_roles_reads_them_one_by_one(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    api.fail("list", "rolebindings", 403, reason="Forbidden")
+    reconcile_session(NS, "s")
+    assert api.names("rolebindings") == ["savepoint-sandbox-s"]
+    assert ("get", "rolebindings") in [(r.verb, r.kind) for r in api.requests]
+    assert api.names("pods") == ["s"]
+
+
+def test_a_role_deleted_behind_the_operators_back_is_made_again(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", session())
+    reconcile_session(NS, "s")
+    api.delete("roles", NS, "savepoint-sandbox-s")
+    for _ in range(12):  # one chunk each: enough that the Role's window of chunk names must grow
+        EventLog(api.core(), NS, "s", max_chunk_bytes=1024, rollover_bytes=1).append("message", {"n": 1})
+    reconcile_session(NS, "s")
+    assert api.names("roles") == ["savepoint-sandbox-s"]
+    # The widening found it gone (404), so the pass made it again with the wider window.
+    assert [r.verb for r in api.requests if r.kind == "roles"][-3:] == ["patch", "get", "create"]
+
+
+def test_after_each_run_a_checkpoint_is_taken_once_per_run_and_only_the_newest_kept(api):
+    api.add("namespaces", {"metadata": {"name": NS}})
+    body = session()
+    body["spec"]["checkpointPolicy"] = {"afterEachRun": True, "keepLast": 2}
+    api.add("sessions", body)
+    api.add("persistentvolumeclaims", owned("s-workspace", status={"phase": "Bound"}))
+    pod = build_pod(api.get("sessions", NS, "s"), _spec(body), "s-workspace", 0)
+    api.add("pods", {**pod, "status": {"phase": "Running", "containerStatuses": [container()]}})
+    elog = EventLog(api.core(), NS, "s")
+    completed = []
+    for run in ("r1", "r2", "r3"):
+        elog.append("run.started", {"runId": run})
+        completed.append(elog.append("run.completed", {"runId": run}).seq)
+        reconcile_session(NS, "s")
+        reconcile_session(NS, "s")  # a second pass over the same run takes nothing more
+    assert api.names("checkpoints") == [f"s-run-{seq}" for seq in completed[1:]]
+    assert [r.name for r in api.requests if (r.verb, r.kind) == ("delete", "checkpoints")] == [f"s-run-{completed[0]}"]
