@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from savepoint.config import Settings
 from savepoint.constants import API_VERSION
 from savepoint.controllers.session import reconcile_session
 from savepoint.eventlog import EventLog
@@ -15,6 +16,7 @@ from savepoint.session import build_pod
 from tests.unit.fake_api import FakeAPI
 
 NS = "team"
+SETTINGS = Settings()
 TEMPLATE = {"spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}
 
 
@@ -121,7 +123,7 @@ def test_phase_from_claim_pod_and_log(api, case):
     elog = EventLog(api.core(), NS, "s")
     for kind in case.events:
         elog.append(kind, {"runId": "r1"})
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert (status(api)["phase"], ready_reason(api)) == (case.phase, case.reason)
     assert status(api)["observedGeneration"] == 1
     assert status(api)["eventLog"]["lastSequence"] == len(case.events)
@@ -136,7 +138,7 @@ def _spec(body: dict):
 def test_a_first_pass_makes_the_log_account_claim_and_pod_by_their_names(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert api.names("configmaps") == ["s-log-000001"]
     assert api.names("serviceaccounts") == api.names("roles") == api.names("rolebindings") == ["savepoint-sandbox-s"]
     assert api.names("persistentvolumeclaims") == ["s-workspace"]
@@ -155,18 +157,18 @@ def test_a_first_pass_makes_the_log_account_claim_and_pod_by_their_names(api):
 def test_a_second_pass_makes_nothing_again(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     made = len([r for r in api.writes() if r.verb == "create"])
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert len([r for r in api.writes() if r.verb == "create"]) == made
 
 
 def test_pausing_deletes_the_pod_and_keeps_the_claim(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     api.patch("sessions", NS, "s", {"spec": {"operatingMode": "Paused"}})
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert api.names("pods") == []
     assert api.names("persistentvolumeclaims") == ["s-workspace"]
     assert status(api)["observedGeneration"] == 2
@@ -176,7 +178,7 @@ def test_a_pod_the_api_server_refuses_fails_the_session_naming_the_template(api)
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
     api.fail("create", "pods", 422, reason="Invalid")
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert (status(api)["phase"], ready_reason(api)) == ("Failed", "InvalidPodTemplate")
     message = next(c["message"] for c in status(api)["conditions"] if c["type"] == "Ready")
     assert message.startswith("spec.podTemplate: the API server refused the Pod")
@@ -185,7 +187,7 @@ def test_a_pod_the_api_server_refuses_fails_the_session_naming_the_template(api)
 def test_a_template_without_containers_fails_without_a_request_for_the_pod(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session(template={"spec": {}}))
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert (status(api)["phase"], ready_reason(api)) == ("Failed", "InvalidPodTemplate")
     assert not any(r.kind == "pods" and r.verb == "create" for r in api.requests)
 
@@ -195,9 +197,9 @@ def test_a_server_error_on_the_pod_raises_and_a_rerun_converges(api):
     api.add("sessions", session())
     api.fail("create", "pods", 500)
     with pytest.raises(ApiException):
-        reconcile_session(NS, "s")
+        reconcile_session(NS, "s", SETTINGS)
     assert api.names("pods") == []
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert api.names("pods") == ["s"]
     assert status(api)["phase"] == "Provisioning"
 
@@ -209,7 +211,7 @@ def test_a_pod_of_that_name_owned_by_another_session_waits(api):
     api.add("sessions", session())
     api.add("pods", {"metadata": {"name": "s", "namespace": NS, "ownerReferences": [{"uid": "uid-older"}]}})
     with pytest.raises(kopf.TemporaryError):
-        reconcile_session(NS, "s")
+        reconcile_session(NS, "s", SETTINGS)
     assert api.get("pods", NS, "s")["metadata"]["ownerReferences"] == [{"uid": "uid-older"}]
 
 
@@ -217,7 +219,7 @@ def test_an_account_that_may_not_list_roles_reads_them_one_by_one(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
     api.fail("list", "rolebindings", 403, reason="Forbidden")
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert api.names("rolebindings") == ["savepoint-sandbox-s"]
     assert ("get", "rolebindings") in [(r.verb, r.kind) for r in api.requests]
     assert api.names("pods") == ["s"]
@@ -226,11 +228,11 @@ def test_an_account_that_may_not_list_roles_reads_them_one_by_one(api):
 def test_a_role_deleted_behind_the_operators_back_is_made_again(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     api.delete("roles", NS, "savepoint-sandbox-s")
     for _ in range(12):  # one chunk each: enough that the Role's window of chunk names must grow
         EventLog(api.core(), NS, "s", max_chunk_bytes=1024, rollover_bytes=1).append("message", {"n": 1})
-    reconcile_session(NS, "s")
+    reconcile_session(NS, "s", SETTINGS)
     assert api.names("roles") == ["savepoint-sandbox-s"]
     # The widening found it gone (404), so the pass made it again with the wider window.
     assert [r.verb for r in api.requests if r.kind == "roles"][-3:] == ["patch", "get", "create"]
@@ -249,7 +251,7 @@ def test_after_each_run_a_checkpoint_is_taken_once_per_run_and_only_the_newest_k
     for run in ("r1", "r2", "r3"):
         elog.append("run.started", {"runId": run})
         completed.append(elog.append("run.completed", {"runId": run}).seq)
-        reconcile_session(NS, "s")
-        reconcile_session(NS, "s")  # a second pass over the same run takes nothing more
+        reconcile_session(NS, "s", SETTINGS)
+        reconcile_session(NS, "s", SETTINGS)  # a second pass over the same run takes nothing more
     assert api.names("checkpoints") == [f"s-run-{seq}" for seq in completed[1:]]
     assert [r.name for r in api.requests if (r.verb, r.kind) == ("delete", "checkpoints")] == [f"s-run-{completed[0]}"]

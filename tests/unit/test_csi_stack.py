@@ -52,8 +52,11 @@ def test_real_node_argument_overrides_the_folder_check(tmp_path: Path) -> None:
 def test_sockets_fit_a_unix_socket_path_wherever_the_run_folder_is(run: str, monkeypatch) -> None:
     # The driver refuses a path over 107 bytes; the registration socket is the long one.
     monkeypatch.setattr(node, "SOCKET_ROOT", node.Path("/run/savepoint"))
-    for path in (csi_stack.registration_socket(REPO / run), csi_stack.socket_path(REPO / run),
-                 node.containerd_socket(REPO / run)):
+    for path in (
+        csi_stack.registration_socket(REPO / run),
+        csi_stack.socket_path(REPO / run),
+        node.containerd_socket(REPO / run),
+    ):
         assert len(str(path).encode()) <= 107, f"{path} is {len(str(path))} bytes"
 
 

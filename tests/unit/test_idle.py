@@ -16,9 +16,7 @@ T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def log(*types: str, start: datetime = T0) -> list[Event]:
-    return [
-        Event(i, f"e{i}", t, format_time(start + timedelta(seconds=i)), {}) for i, t in enumerate(types, start=1)
-    ]
+    return [Event(i, f"e{i}", t, format_time(start + timedelta(seconds=i)), {}) for i, t in enumerate(types, start=1)]
 
 
 POLICY = IdlePolicy(pause_after="10m", wake_on_event=True)

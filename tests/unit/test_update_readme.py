@@ -56,22 +56,22 @@ def test_every_setting_is_a_row_and_its_variable_is_the_one_settings_reads(monke
 
 
 def test_a_setting_without_a_comment_is_named():
-    source = '''
+    source = """
 class Settings:
     # Documented.
     a: int = field(default_factory=lambda: int(_env("A", "1")))
     b: int = field(default_factory=lambda: int(_env("B", "2")))
-'''
+"""
     with pytest.raises(update_readme.ConfigError, match=r"Settings\.b .*no comment"):
         update_readme.settings_rows(source)
 
 
 def test_an_empty_or_computed_default_needs_a_default_line():
-    source = '''
+    source = """
 class Settings:
     # Where to look.
     a: str = field(default_factory=lambda: _env("A", ""))
-'''
+"""
     with pytest.raises(update_readme.ConfigError, match=r"Settings\.a .*Default:"):
         update_readme.settings_rows(source)
     shown = source.replace("    # Where to look.\n", "    # Where to look.\n    # Default: (all)\n")

@@ -23,6 +23,8 @@ def runtime_memo(**queues: object) -> SimpleNamespace:
     for name, queue in queues.items():
         setattr(runtime, name, queue)
     return SimpleNamespace(runtime=runtime)
+
+
 GRACE = timedelta(days=7)
 
 
