@@ -68,7 +68,7 @@ class WorkQueue:
 
     A kopf handler that files its object here returns at once. kopf keeps a queue of raw
     watch events for each object whose handler has not finished: under a backlog, one
-    whole body per object waiting (handlers/checkpoint.py).
+    whole body per object waiting (savepoint.runtime).
     """
 
     def __init__(self, name: str, workers: int, work: Callable[[tuple[str, str], Any], None]) -> None:

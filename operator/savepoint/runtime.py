@@ -51,6 +51,10 @@ RELIST_RESYNC_GAP_SECONDS = 60.0
 RELEASE_MEMORY_SECONDS = 30.0
 
 
+# What an admission thread is filed for a Checkpoint being deleted that still has kopf's finalizer.
+RELEASE = "release"
+
+
 def pending_poll_seconds(settings: Settings) -> float:
     """The Pending checkpoints' poll: a safety net behind the VolumeSnapshot watch, and the
     clock of the snapshot timeout. At 5 s, a few hundred in flight spent more of the API
@@ -95,24 +99,35 @@ class Runtime:
         """File a Checkpoint for an admission pass (with the body the watch delivered)."""
         self.admissions.file(key, None if body is None else trimmed(body))
 
-    def _admission_pass(self, key: Key, seen: dict | None) -> None:
+    def _admission_pass(self, key: Key, seen: dict | str | None) -> None:
         # Filed while this replica was active. Asked afresh only when the expiry loop's last
         # look says standby: a replica that has just taken over must not drop it.
         if not peering.last_known(self.settings) and not peering.is_active(self.settings):
             return  # this replica stood down meanwhile: the active one resumes the checkpoint
         with count_errors("checkpoint"):
-            checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
+            if isinstance(seen, str):  # RELEASE
+                checkpoint.release(*key)
+            else:
+                checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
 
     def checkpoint_pass(self, namespace: str, name: str, snapshot: dict | None = None) -> None:
         with count_errors("checkpoint"):
             checkpoint.reconcile_checkpoint(namespace, name, self.settings, snapshot=snapshot)
 
     def observe_checkpoint(self, event_type: str | None, body: dict) -> None:
-        """A Checkpoint's watch event: its expiry clock, its Pending poll, and forgetting it."""
+        """A Checkpoint's watch event: its admission (new, or listed unsettled at start-up
+        and take-over), its expiry clock, its Pending poll, and forgetting it."""
         self.expiry.observe(event_type, body)
-        key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
-        pending = (body.get("status") or {}).get("phase") in (None, "Pending")
-        if event_type != "DELETED" and pending and not body["metadata"].get("deletionTimestamp"):
+        meta = body["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        phase = (body.get("status") or {}).get("phase")
+        if meta.get("deletionTimestamp"):
+            if checkpoint.KOPF_FINALIZER in (meta.get("finalizers") or ()):
+                self.admissions.file(key, RELEASE)  # a finalizer from before the garbage collector did it
+        elif event_type in (None, "ADDED") and phase not in checkpoint.SETTLED:
+            self.admit_checkpoint(key, body)
+        pending = phase in (None, "Pending")
+        if event_type != "DELETED" and pending and not meta.get("deletionTimestamp"):
             self.pending_polls.file(key)
             if checkpoint.waiting(body):
                 # A Session not created yet is final after the short missing grace: look again then.

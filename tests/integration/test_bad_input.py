@@ -360,7 +360,7 @@ def test_long_checkpoint_names_hash_into_valid_snapshot_names_end_to_end(s1_with
         assert done["status"]["phase"] == "Succeeded", (name, done["status"])
     events = EventLog(core, namespace, "s1").read()
     assert [e.data.get("checkpoint") for e in events if e.type == "checkpoint.created"].count(long) == 1
-    # Deleting it removes its hashed snapshot (the finalizer finds it by the same name).
+    # Deleting it removes its hashed snapshot (the garbage collector: it owns the snapshot).
     crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", dotted)
     wait_for(lambda: get_snapshot(crds, namespace, snapshot_name(dotted)) is None, timeout=60, what="snapshot deleted")
 

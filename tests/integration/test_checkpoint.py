@@ -155,14 +155,17 @@ def test_checkpoint_snapshots_the_workspace_at_the_log_cursor(s1, core, crds, na
     assert {"Accepted", "Ready"} <= {e.reason for e in events}
 
 
-def test_finalizer_deletes_the_snapshot_with_the_checkpoint(s1, crds, namespace):
+def test_deleting_a_checkpoint_deletes_its_snapshot(s1, crds, namespace):
+    """No finalizer: the Checkpoint goes at once, and the garbage collector deletes the
+    VolumeSnapshot it owns."""
     make_checkpoint(crds, namespace, "c1")
     body = wait_checkpoint(crds, namespace, "c1", "Ready")
+    assert not body["metadata"].get("finalizers")
     vs = body["status"]["volumeSnapshotName"]
     assert get_snapshot(crds, namespace, vs) is not None
     crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "c1")
     wait_for(lambda: get_checkpoint(crds, namespace, "c1") is None, timeout=60, what="checkpoint deleted")
-    assert get_snapshot(crds, namespace, vs) is None
+    wait_for(lambda: get_snapshot(crds, namespace, vs) is None, timeout=60, what=f"VolumeSnapshot {vs} collected")
 
 
 def test_expiry_deletes_the_snapshot_and_keeps_the_object(s1, crds, namespace):

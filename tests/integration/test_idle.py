@@ -173,6 +173,7 @@ def test_an_appended_user_message_wakes_it_with_its_files_on_the_real_node(
     assert _sample(after, "savepoint_session_wakes_total", trigger="event") == (
         _sample(before, "savepoint_session_wakes_total", trigger="event") + 1
     )
-    assert _sample(after, "savepoint_session_wake_seconds_count") == _sample(
-        before, "savepoint_session_wake_seconds_count"
-    ) + 1
+    assert (
+        _sample(after, "savepoint_session_wake_seconds_count")
+        == _sample(before, "savepoint_session_wake_seconds_count") + 1
+    )

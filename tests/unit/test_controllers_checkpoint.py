@@ -270,3 +270,24 @@ def test_a_settled_checkpoint_is_not_touched(api):
     api.add("checkpoints", {**checkpoint(), "status": {"phase": "Rejected", "reason": "SessionBusy"}})
     reconcile_checkpoint(NS, "cp", SETTINGS)
     assert api.writes() == []
+
+
+def test_a_checkpoint_deleted_with_kopfs_old_finalizer_is_released(api):
+    """A Checkpoint made while the operator still had a delete handler carries kopf's
+    finalizer: its release asks for the snapshot's deletion and takes only that finalizer
+    off (conditionally on the resourceVersion it read)."""
+    from savepoint.controllers.checkpoint import KOPF_FINALIZER, release
+
+    world(api, session())
+    body = checkpoint()
+    body["metadata"]["finalizers"] = [KOPF_FINALIZER, "example.com/keep"]
+    body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    body["status"] = {"phase": "Ready", "volumeSnapshotName": "sp-cp"}
+    api.add("checkpoints", body)
+    api.add("volumesnapshots", {"metadata": {"name": "sp-cp", "namespace": NS}})
+    release(NS, "cp")
+    assert api.get("checkpoints", NS, "cp")["metadata"]["finalizers"] == ["example.com/keep"]
+    assert any(r.verb == "delete" and r.kind == "volumesnapshots" for r in api.writes())
+    writes = len(api.writes())
+    release(NS, "cp")  # released already: nothing more to do
+    assert len(api.writes()) == writes

@@ -199,7 +199,7 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     import asyncio
 
     from savepoint import controllers
-    from savepoint.handlers.checkpoint import checkpoint_clocks
+    from savepoint.handlers.checkpoint import checkpoint_event
     from savepoint.handlers.fork import fork_forget
     from savepoint.handlers.session import session_resync_clock
 
@@ -212,9 +212,9 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     passes("fork", "f")
     body = checkpoint("c", "Ready", NOW)
     memo = runtime_memo()
-    asyncio.run(checkpoint_clocks(type="MODIFIED", body=body, memo=memo))
+    asyncio.run(checkpoint_event(type="MODIFIED", body=body, memo=memo))
     assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
-    asyncio.run(checkpoint_clocks(type="DELETED", body=body, memo=memo))
+    asyncio.run(checkpoint_event(type="DELETED", body=body, memo=memo))
     asyncio.run(session_resync_clock(type="DELETED", namespace="ns", name="s", memo=memo))
     asyncio.run(fork_forget(type="DELETED", namespace="ns", name="f"))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
@@ -292,21 +292,52 @@ def test_work_queue_threads_outlive_a_failing_pass():
 
 
 def test_a_new_checkpoint_waits_in_our_queue_trimmed_not_in_kopf(monkeypatch):
-    """kopf's create handler returns at once (kopf then drops the object's event queue),
-    filing a key and the body without managedFields; the pass runs on the queue's threads."""
+    """kopf's watch handler returns at once, filing a key and the body without
+    managedFields; the pass runs on the queue's threads."""
+    import asyncio
+
     from savepoint.handlers import checkpoint as handlers
 
     queue = WorkQueue("unit", 0, lambda key, payload: None)
     memo = runtime_memo(admissions=queue)
     body = checkpoint("c", None, NOW)
     body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
-    handlers.checkpoint_reconcile(namespace="ns", name="c", status={}, body=body, memo=memo)
-    handlers.checkpoint_reconcile(namespace="ns", name="done", status={"phase": "Ready"}, body=body, memo=memo)
+    asyncio.run(handlers.checkpoint_event(type="ADDED", body=body, memo=memo))
+    asyncio.run(handlers.checkpoint_event(type=None, body=checkpoint("done", "Ready", NOW), memo=memo))
     key, seen = queue.take(0)
     assert key == ("ns", "c")
     assert "managedFields" not in seen["metadata"] and seen["metadata"]["name"] == "c"
     assert "managedFields" in body["metadata"]  # the watch's own body is left as it was
     assert queue.take(0) is None  # a settled one is not queued
+
+
+def test_only_a_new_or_listed_unsettled_checkpoint_is_filed_for_admission():
+    """Level-based, without kopf's create and resume handlers: an ADDED event or a listing
+    (start-up, take-over) of an unsettled checkpoint files it; the operator's own status
+    writes (MODIFIED) do not file it again; a deletion with kopf's old finalizer files its
+    release."""
+    import asyncio
+
+    from savepoint.handlers import checkpoint as handlers
+    from savepoint.runtime import RELEASE
+
+    queue = WorkQueue("unit", 0, lambda key, payload: None)
+    memo = runtime_memo(admissions=queue)
+    pending = checkpoint("pending", "Pending", NOW + timedelta(days=1))
+    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=pending, memo=memo))
+    assert queue.take(0) is None
+    asyncio.run(handlers.checkpoint_event(type=None, body=pending, memo=memo))
+    assert queue.take(0)[0] == ("ns", "pending")
+    for settled in ("Ready", "Failed", "Rejected", "Expired"):
+        asyncio.run(handlers.checkpoint_event(type=None, body=checkpoint("s", settled, NOW), memo=memo))
+    assert queue.take(0) is None
+    old = checkpoint("old", "Ready", NOW, deleting=True)
+    old["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=old, memo=memo))
+    assert queue.take(0) == (("ns", "old"), RELEASE)
+    old["metadata"]["finalizers"] = []
+    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=old, memo=memo))
+    assert queue.take(0) is None
 
 
 def test_a_re_list_is_told_from_the_start_up_listing():

@@ -13,8 +13,6 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import kopf
-
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
@@ -53,6 +51,10 @@ from savepoint.session import SESSION_LABEL, owner_reference
 
 log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
+# Phases a pass has nothing to do for (expiry is the expiry loop's job).
+SETTLED = (CheckpointPhase.READY, CheckpointPhase.FAILED, CheckpointPhase.REJECTED, CheckpointPhase.EXPIRED)
+# The finalizer kopf put on Checkpoints while the operator had a delete handler for them.
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
 
 def _now() -> datetime:
@@ -446,12 +448,19 @@ def _already_logged(elog, uid: str, through: int) -> bool:
 # --- deletion ---------------------------------------------------------------------------
 
 
-def release(body: dict) -> None:
-    """Finalizer: the VolumeSnapshot goes before the Checkpoint does."""
+def release(namespace: str, name: str) -> None:
+    """Take kopf's finalizer off a Checkpoint being deleted (one made while the operator
+    still had a delete handler), after asking for its VolumeSnapshot's deletion: the
+    garbage collector would delete it too (its ownerReference), this is only sooner."""
+    body = k8s.get_custom("checkpoints", namespace, name)
+    if body is None or KOPF_FINALIZER not in (body["metadata"].get("finalizers") or ()):
+        return
     status = body.get("status") or {}
-    vs_name = status.get("volumeSnapshotName") or snapshot_name(body["metadata"]["name"])
-    if not k8s.delete_volume_snapshot(body["metadata"]["namespace"], vs_name):
-        raise kopf.TemporaryError(f"waiting for VolumeSnapshot {vs_name} to be deleted", delay=1)
+    k8s.request_volume_snapshot_deletion(namespace, status.get("volumeSnapshotName") or snapshot_name(name))
+    rest = [f for f in body["metadata"]["finalizers"] if f != KOPF_FINALIZER]
+    # The resourceVersion makes it conditional: a finalizer added meanwhile is not lost.
+    meta = {"finalizers": rest, "resourceVersion": body["metadata"]["resourceVersion"]}
+    k8s.patch_custom("checkpoints", namespace, name, {"metadata": meta})
 
 
 # --- automatic checkpoints ---------------------------------------------------------------

@@ -4,7 +4,7 @@ their Sessions' status without a Session pass per heartbeat.
 A harness writes its resource sample into `<session>-heartbeat` as often as every 10 s;
 a Session pass reads the whole log, so a pass per heartbeat would cost a log read each
 time. Instead the watch event only records the sample here (no request), and one loop
-(handlers/session.py) writes it:
+(savepoint.runtime) writes it:
 
 - status.resources by a merge patch of that field alone (one request), at most once per
   SAVEPOINT_RESOURCES_INTERVAL_SECONDS per Session, and only when the sample changed;

@@ -690,8 +690,6 @@ def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: lis
         )
 
 
-# Sessions whose idle window (spec.idle.pauseAfter) ends before their next resync: a pass
-# then (handlers/session.py waits on it).
 ACTIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
 
 
