@@ -538,6 +538,35 @@ class EventLog:
         """Append one event and return it with its seq and id."""
         return self._write([self._draft(type, data, subject)])[0]
 
+    def append_once(
+        self,
+        type: str,
+        data: dict[str, Any],
+        *,
+        after: int,
+        same: Callable[[Event], bool],
+        newest_hint: int | None = None,
+    ) -> Event | None:
+        """Append unless an event after seq `after` already matches `same` (the write of a
+        retried pass); None when it is there. The newest chunk alone answers when it holds
+        every event after `after`, and the write reuses that read: one read, one write.
+        `newest_hint` is a lower bound of the newest chunk's index (a Session's
+        status.eventLog.chunks), which spares listing the chunks first."""
+        with self._lock:
+            if self._hint is None and newest_hint:
+                self._hint = newest_hint
+            tail = self._load_tail()
+            self._tail = tail
+        if tail is not None and tail.first_seq <= after + 1:
+            if tail.last_seq > after:
+                self._check_tail(tail)
+            found = tail.events(after + 1, tail.last_seq) if tail.last_seq > after else []
+        else:
+            found = self.read(from_seq=max(1, after + 1), partial=True)
+        if any(same(event) for event in found):
+            return None
+        return self.append(type, data)
+
     def append_many(
         self, items: Iterable[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str | None]]
     ) -> list[Event]:

@@ -322,9 +322,9 @@ def get_custom(plural: str, namespace: str, name: str) -> dict | None:
     return call(lambda: custom().get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name), absent=None)
 
 
-def patch_status(plural: str, namespace: str, name: str, status: dict[str, Any]) -> None:
-    """Merge-patch the status subresource; a vanished object is not an error."""
-    call(
+def patch_status(plural: str, namespace: str, name: str, status: dict[str, Any]) -> dict | None:
+    """Merge-patch the status subresource; the object as written, None if it is gone."""
+    return call(
         lambda: custom().patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, plural, name, {"status": status}
         ),

@@ -27,7 +27,7 @@ from typing import Any
 
 from savepoint import k8s, memory, metrics, peering
 from savepoint.config import Settings
-from savepoint.controllers import checkpoint, expiry, forget, fork, heartbeat
+from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heartbeat
 from savepoint.controllers import session as sessions
 from savepoint.metrics import count_errors
 from savepoint.polling import DeadlineQueue, PollQueue, WorkQueue
@@ -79,6 +79,9 @@ class Runtime:
         self.resyncs = PollQueue(settings.resync_seconds)
         self.idle_timers = DeadlineQueue()
         self._relist_resync_at = float("-inf")
+        # (namespace, session) -> the checkpoints not admitted yet that wait for it.
+        self._waiting: dict[Key, set[str]] = {}
+        self._waiting_lock = threading.Lock()
 
     def start(self) -> None:
         """Start the threads (daemons: they end with the process)."""
@@ -96,8 +99,12 @@ class Runtime:
     # --- Checkpoints -----------------------------------------------------------------
 
     def admit_checkpoint(self, key: Key, body: dict | None = None) -> None:
-        """File a Checkpoint for an admission pass (with the body the watch delivered)."""
-        self.admissions.file(key, None if body is None else trimmed(body))
+        """File a Checkpoint for an admission pass (with the body the watch delivered; one
+        filed again without a body keeps the body it waits with)."""
+        if body is not None:
+            self.admissions.file(key, trimmed(body))
+        elif key not in self.admissions:
+            self.admissions.file(key)
 
     def _admission_pass(self, key: Key, seen: dict | str | None) -> None:
         # Filed while this replica was active. Asked afresh only when the expiry loop's last
@@ -118,6 +125,7 @@ class Runtime:
         """A Checkpoint's watch event: its admission (new, or listed unsettled at start-up
         and take-over), its expiry clock, its Pending poll, and forgetting it."""
         self.expiry.observe(event_type, body)
+        cache.checkpoints.observe(event_type, body)
         meta = body["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         phase = (body.get("status") or {}).get("phase")
@@ -126,6 +134,7 @@ class Runtime:
                 self.admissions.file(key, RELEASE)  # a finalizer from before the garbage collector did it
         elif event_type in (None, "ADDED") and phase not in checkpoint.SETTLED:
             self.admit_checkpoint(key, body)
+        self._note_waiting(event_type, body)
         pending = phase in (None, "Pending")
         if event_type != "DELETED" and pending and not meta.get("deletionTimestamp"):
             self.pending_polls.file(key)
@@ -136,6 +145,24 @@ class Runtime:
             self.pending_polls.drop(key)
         if event_type == "DELETED":
             forget("checkpoint", *key)
+
+    def _note_waiting(self, event_type: str | None, body: dict) -> None:
+        meta = body["metadata"]
+        key = (meta.get("namespace", ""), (body.get("spec") or {}).get("sessionName", ""))
+        waits = event_type != "DELETED" and not meta.get("deletionTimestamp") and checkpoint.waiting(body)
+        with self._waiting_lock:
+            names = self._waiting.get(key, set())
+            if waits:
+                self._waiting[key] = names | {meta["name"]}
+            elif meta["name"] in names:
+                names.discard(meta["name"])
+                if not names:
+                    del self._waiting[key]
+
+    def waiting_for(self, namespace: str, session: str) -> list[str]:
+        """The checkpoints not admitted yet that wait for this Session."""
+        with self._waiting_lock:
+            return sorted(self._waiting.get((namespace, session), ()))
 
     def poll_pending_checkpoints(self) -> None:
         """Reconcile the Pending checkpoints whose poll is due."""
@@ -179,8 +206,10 @@ class Runtime:
         with count_errors("session"):
             sessions.reconcile_session(namespace, name, self.settings, timers=self.idle_timers, **options)
 
-    def observe_session(self, event_type: str | None, namespace: str, name: str) -> None:
-        """A Session's watch event: its resync clock, or forgetting it."""
+    def observe_session(self, event_type: str | None, body: dict) -> None:
+        """A Session's watch event: its body for the passes, its resync clock, or forgetting it."""
+        cache.sessions.observe(event_type, body)
+        namespace, name = body["metadata"].get("namespace", ""), body["metadata"]["name"]
         key = (namespace, name)
         if event_type == "DELETED":
             self.resyncs.drop(key)
@@ -201,7 +230,7 @@ class Runtime:
 
     def _resync(self, key: Key) -> None:
         try:
-            self.session_pass(*key, retention=True)
+            self.session_pass(*key, retention=True, cached=False)
         except Exception:  # counted; the next watch event tries again, or this soon
             log.exception("resyncing session %s/%s", *key)
             self.resyncs.hurry(RESYNC_RETRY_SECONDS, keys=[key])
@@ -237,7 +266,7 @@ class Runtime:
                     log.exception("heartbeat pass of session %s/%s", *key)
             for (namespace, name), resources in patches:
                 try:
-                    k8s.patch_status("sessions", namespace, name, {"resources": resources})
+                    cache.sessions.put(k8s.patch_status("sessions", namespace, name, {"resources": resources}))
                 except Exception:
                     log.exception("writing the resources of session %s/%s", namespace, name)
                     continue

@@ -333,7 +333,7 @@ def forget_process_memory(monkeypatch: Any) -> None:
     """Start each test as a fresh operator process: no remembered passes, children, grants
     or namespaces (all of it is rebuilt from the API after a restart, as in production)."""
     from savepoint import controllers
-    from savepoint.controllers import heartbeat, sandbox, session
+    from savepoint.controllers import cache, heartbeat, sandbox, session
 
     monkeypatch.setattr(controllers, "_done", {})
     monkeypatch.setattr(sandbox, "_granted", {})
@@ -341,5 +341,5 @@ def forget_process_memory(monkeypatch: Any) -> None:
     monkeypatch.setattr(sandbox, "_listing", {})
     monkeypatch.setattr(session, "_children", {})
     monkeypatch.setattr(session, "_resume_listings", {})
-    monkeypatch.setattr(session, "_namespaces", {})
+    cache.clear()
     monkeypatch.setattr(heartbeat, "_beats", {})

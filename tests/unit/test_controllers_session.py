@@ -167,8 +167,9 @@ def test_pausing_deletes_the_pod_and_keeps_the_claim(api):
     api.add("namespaces", {"metadata": {"name": NS}})
     api.add("sessions", session())
     reconcile_session(NS, "s", SETTINGS)
-    api.patch("sessions", NS, "s", {"spec": {"operatingMode": "Paused"}})
-    reconcile_session(NS, "s", SETTINGS)
+    # The user's write, and the pass its watch event brings (kopf's on.update, with the body).
+    paused = api.patch("sessions", NS, "s", {"spec": {"operatingMode": "Paused"}})
+    reconcile_session(NS, "s", SETTINGS, seen=paused)
     assert api.names("pods") == []
     assert api.names("persistentvolumeclaims") == ["s-workspace"]
     assert status(api)["observedGeneration"] == 2

@@ -215,7 +215,7 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     asyncio.run(checkpoint_event(type="MODIFIED", body=body, memo=memo))
     assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
     asyncio.run(checkpoint_event(type="DELETED", body=body, memo=memo))
-    asyncio.run(session_resync_clock(type="DELETED", namespace="ns", name="s", memo=memo))
+    asyncio.run(session_resync_clock(type="DELETED", body={"metadata": {"namespace": "ns", "name": "s"}}, memo=memo))
     asyncio.run(fork_forget(type="DELETED", namespace="ns", name="f"))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
         assert (kind, "ns", name) not in controllers._locks
@@ -402,3 +402,20 @@ def test_a_pending_poll_skips_a_checkpoint_still_waiting_for_admission(monkeypat
     memo.runtime.poll_pending_checkpoints()
     assert polled == [("ns", "admitted")]
     assert ("ns", "waiting") in queue
+
+
+def test_the_runtime_knows_which_checkpoints_wait_for_which_session():
+    """Fed by the Checkpoint watch: a checkpoint waits from its creation until it is cut
+    (createdAt) or settled; a Session's event then admits exactly those."""
+    memo = runtime_memo()
+    runtime = memo.runtime
+    new = {"metadata": {"namespace": "ns", "name": "c1"}, "spec": {"sessionName": "s"}}
+    runtime.observe_checkpoint("ADDED", new)
+    runtime.observe_checkpoint("ADDED", {**new, "metadata": {"namespace": "ns", "name": "c2"}})
+    assert runtime.waiting_for("ns", "s") == ["c1", "c2"]
+    cut = {**new, "status": {"phase": "Pending", "createdAt": "2026-11-30T12:00:00Z"}}
+    runtime.observe_checkpoint("MODIFIED", cut)
+    assert runtime.waiting_for("ns", "s") == ["c2"]
+    runtime.observe_checkpoint("DELETED", {**new, "metadata": {"namespace": "ns", "name": "c2"}})
+    assert runtime.waiting_for("ns", "s") == []
+    assert runtime.waiting_for("other", "s") == []

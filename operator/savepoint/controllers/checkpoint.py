@@ -40,7 +40,7 @@ from savepoint.checkpoint import (
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
-from savepoint.controllers import has_run, one_pass
+from savepoint.controllers import cache, has_run, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
@@ -69,7 +69,7 @@ def ready_condition(body: dict, status: bool, reason: str, message: str) -> list
 def write_status(body: dict, status: dict[str, Any], event: tuple[str, str] | None = None, warn: bool = False) -> None:
     meta = body["metadata"]
     status = {**status, "observedGeneration": meta.get("generation")}
-    k8s.patch_status("checkpoints", meta["namespace"], meta["name"], status)
+    cache.checkpoints.put(k8s.patch_status("checkpoints", meta["namespace"], meta["name"], status))
     if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
         metrics.checkpoint_transitions.labels(status["phase"], status.get("reason") or "").inc()
     body["status"] = {**(body.get("status") or {}), **status}
@@ -93,7 +93,7 @@ def reconcile_checkpoint(
 
 def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None) -> None:
     fresh = seen is not None and not has_run("checkpoint", namespace, name)
-    body = copy.deepcopy(seen) if fresh else k8s.get_custom("checkpoints", namespace, name)
+    body = copy.deepcopy(seen) if fresh else cache.checkpoint(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     if waiting(body):
@@ -144,9 +144,9 @@ def _snapshot_class(driver: str | None, wanted: str | None) -> str | None:
 
 def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings):
     """Everything admit() needs, read from the cluster; shared with the webhook."""
-    ns = k8s.get_namespace(namespace)
-    policy = policy_from_annotations(ns["metadata"].get("annotations"), settings.default_checkpoint_ttl)
-    session = k8s.get_custom("sessions", namespace, spec.session_name)
+    annotations = cache.namespace_meta(namespace)["annotations"]
+    policy = policy_from_annotations(annotations, settings.default_checkpoint_ttl)
+    session = cache.session(namespace, spec.session_name)
     view = SessionView(exists=False)
     snapshot_class = None
     if session is not None:
@@ -172,7 +172,7 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         if phase in (None, SessionPhase.PROVISIONING):
             # Admission waits for it: quota and the snapshot class are looked at once it is Ready.
             return policy, session, SessionView(exists=True, phase=phase, claim=claim), QuotaUse(0, 0), None
-        pvc = k8s.get_pvc(namespace, claim) if claim else None
+        pvc = cache.claim(namespace, claim) if claim else None
         driver = k8s.csi_driver_of_claim(pvc) if pvc else None
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
         snapshot_class = _snapshot_class(driver, wanted)
@@ -283,7 +283,6 @@ def _admit(body: dict, settings: Settings) -> None:
             "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
             "conditions": ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
         },
-        event=("Accepted", f"cut at event {cursor.seq} of session {spec.session_name}"),
     )
     body["status"]["_claim"] = view.claim
     body["status"]["_class"] = snapshot_class
@@ -327,9 +326,9 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
     if snapshot is None:
         claim, snapshot_class = status.get("_claim"), status.get("_class")
         if claim is None:
-            session = k8s.get_custom("sessions", namespace, body["spec"]["sessionName"]) or {}
+            session = cache.session(namespace, body["spec"]["sessionName"]) or {}
             claim = (session.get("status") or {}).get("workspaceClaimName")
-            pvc = k8s.get_pvc(namespace, claim) if claim else None
+            pvc = cache.claim(namespace, claim) if claim else None
             wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
             snapshot_class = _snapshot_class(k8s.csi_driver_of_claim(pvc) if pvc else None, wanted)
         if claim is None or snapshot_class is None:
@@ -399,18 +398,21 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         else k8s.get_custom("sessions", meta["namespace"], spec["sessionName"])
     )
     if session is not None:
-        elog = event_log(session)
-        if not _already_logged(elog, meta["uid"], status.get("throughSequence") or 0):
-            elog.append(
-                "checkpoint.created",
-                {
-                    "checkpoint": meta["name"],
-                    "uid": meta["uid"],
-                    "throughSequence": status.get("throughSequence"),
-                    "throughEventId": status.get("throughEventId"),
-                    "label": spec.get("label"),
-                },
-            )
+        watched = cache.sessions.get(meta["namespace"], spec["sessionName"]) or {}
+        # Once: a retried pass finds its own event after the cut, by the checkpoint's uid.
+        event_log(session).append_once(
+            "checkpoint.created",
+            {
+                "checkpoint": meta["name"],
+                "uid": meta["uid"],
+                "throughSequence": status.get("throughSequence"),
+                "throughEventId": status.get("throughEventId"),
+                "label": spec.get("label"),
+            },
+            after=status.get("throughSequence") or 0,
+            same=lambda e: e.type == "checkpoint.created" and e.data.get("uid") == meta["uid"],
+            newest_hint=((watched.get("status") or {}).get("eventLog") or {}).get("chunks"),
+        )
         # The Session's own pass, woken by this append, sets status.latestCheckpoint from the log.
     ready_at = _now()
     snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
@@ -434,15 +436,6 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
     # list and filter thousands of long-ready snapshots. Written after Ready: a pass that
     # stops in between leaves only a snapshot that is still watched, which is harmless.
     k8s.label_volume_snapshot(meta["namespace"], status["volumeSnapshotName"], {SETTLED_LABEL: "true"})
-
-
-def _already_logged(elog, uid: str, through: int) -> bool:
-    """Whether checkpoint.created for this checkpoint is already in the log (a retried pass)."""
-    try:
-        events = elog.read(from_seq=max(1, through + 1), partial=True)
-    except EventLogError:
-        return False
-    return any(e.type == "checkpoint.created" and e.data.get("uid") == uid for e in events)
 
 
 # --- deletion ---------------------------------------------------------------------------

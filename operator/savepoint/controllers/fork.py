@@ -27,7 +27,7 @@ from savepoint.checkpoint import (
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
-from savepoint.controllers import object_lock
+from savepoint.controllers import cache, object_lock
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
@@ -359,9 +359,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             raise ForkError(
                 ForkReason.SESSION_BUSY, f"session {name} is being rolled back by {annotations[RESTORING_ANNOTATION]}"
             )
-        k8s.patch_custom(
-            "sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
-        )
+        hold = {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
+        cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
         # Start the restore now, so the new claim binds while the Pod goes away.
         _ensure_rollback_claim(session, claim, plan)
         _write(
@@ -396,15 +395,11 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
         )
     # 4. Swap the claim in, release the old one, refresh the checkpoint's expiry.
     started = time.monotonic()
-    k8s.patch_status(
-        "sessions",
-        namespace,
-        name,
-        {
-            "workspaceClaimName": claim,
-            "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
-        },
-    )
+    swapped = {
+        "workspaceClaimName": claim,
+        "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
+    }
+    cache.sessions.put(k8s.patch_status("sessions", namespace, name, swapped))
     failpoints.hit("rollback.after_swap")
     # Release the old claim, and any a pass that died right after the swap left behind: while
     # the rollback holds the session, no other claim of it is legitimately in use.
@@ -413,7 +408,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             k8s.delete_pvc(namespace, other["metadata"]["name"])
     _refresh_expiry(namespace, plan.checkpoint, settings)
     # 5. Hand the session back to its controller, which starts the Pod on the new claim.
-    k8s.patch_custom("sessions", namespace, name, {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}})
+    released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
+    cache.sessions.put(k8s.patch_custom("sessions", namespace, name, released))
     log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
 
 

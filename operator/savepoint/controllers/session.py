@@ -26,7 +26,8 @@ from savepoint.constants import (
     THROUGH_SEQUENCE_ANNOTATION,
     Reason,
 )
-from savepoint.controllers import has_run, heartbeat, object_lock, one_pass, sandbox
+from savepoint.controllers import cache, has_run, heartbeat, object_lock, one_pass, sandbox
+from savepoint.controllers.cache import namespace_meta
 from savepoint.controllers.logs import event_log
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
@@ -181,6 +182,7 @@ def reconcile_session(
     resumed: bool = False,
     retention: bool = False,
     timers: DeadlineQueue | None = None,
+    cached: bool = True,
 ) -> None:
     """One pass over a Session. `seen` is its body as the watch just delivered it: the
     first pass in this process (the resume pass at start-up, thousands at once) starts
@@ -188,16 +190,28 @@ def reconcile_session(
     ran in between may have changed its status. A first pass that is a resume (`resumed`)
     also takes its Pod and claim from its namespace's listing (ResumeChildren). With
     `retention` (the resync) the pass then applies the namespace's log retention.
-    `timers` gets the Session's next idle deadline (spec.idle), the runtime's wake-up."""
+    `timers` gets the Session's next idle deadline (spec.idle), the runtime's wake-up.
+    Its Pod and claim come from what the watches last showed (controllers/cache.py),
+    unless `cached` is false (the resync: the safety net reads everything afresh)."""
 
     def reconcile() -> float | None:
         fresh = seen is not None and not has_run("session", namespace, name)
-        body = seen if fresh else k8s.get_custom("sessions", namespace, name)
+        if fresh:
+            body = seen
+        elif cached:
+            # The newest of what this event brought and what the watch (or our own last
+            # write) showed: every writer of Sessions in this process writes through.
+            body = cache.newest(seen, cache.sessions.get(namespace, name)) or k8s.get_custom(
+                "sessions", namespace, name
+            )
+        else:
+            body = k8s.get_custom("sessions", namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             heartbeat.forget(namespace, name)  # else the heartbeat loop would ask again
             return None
         children = ResumeChildren(namespace, name) if fresh and resumed else None
-        _reconcile(body, settings, timers, children)
+        with cache.reading(cached):
+            _reconcile(body, settings, timers, children)
         if retention:
             enforce_retention(body)
         # Observed as of the listing: a child event after it still gets its own pass.
@@ -261,7 +275,7 @@ def _reconcile(
         claim, resumed = resume_reclaimed(body, spec, elog, reclaimed)
         extra.update(resumed)
 
-    pvc = children.claim(claim) if children else k8s.get_pvc(namespace, claim)
+    pvc = children.claim(claim) if children else read_claim(namespace, claim)
     if pvc is None and hold is None and not reclaimed:
         pvc = k8s.ensure_pvc(build_pvc(body, spec, claim))
         made_child("persistentvolumeclaims", pvc)
@@ -269,7 +283,7 @@ def _reconcile(
         # A claim left by an earlier Session of the same name, still being collected.
         raise kopf.TemporaryError(f"PersistentVolumeClaim {claim} belongs to another object", delay=2)
 
-    pod = children.pod(pod_name(name)) if children else k8s.get_pod(namespace, pod_name(name))
+    pod = children.pod(pod_name(name)) if children else read_pod(namespace, pod_name(name))
     if pod is not None and not _owned_by(pod, body):
         raise kopf.TemporaryError(f"Pod {pod_name(name)} belongs to another object", delay=2)
     template_error: tuple[str, str] | None = None
@@ -342,22 +356,6 @@ def _reconcile(
         from savepoint.controllers.checkpoint import ensure_automatic
 
         ensure_automatic(body, seen.last_run_completed, policy.keep_last, policy.ttl)
-
-
-# Namespace -> (monotonic time read, its metadata): its labels set a Session's Pod
-# Security level and its annotations the log retention, and passes are many.
-_namespaces: dict[str, tuple[float, dict[str, Any]]] = {}
-NAMESPACE_CACHE_SECONDS = 5.0
-
-
-def namespace_meta(namespace: str) -> dict[str, Any]:
-    cached = _namespaces.get(namespace)
-    if cached is not None and time.monotonic() - cached[0] < NAMESPACE_CACHE_SECONDS:
-        return cached[1]
-    full = k8s.get_namespace(namespace).get("metadata") or {}
-    meta = {"labels": full.get("labels") or {}, "annotations": full.get("annotations") or {}}
-    _namespaces[namespace] = (time.monotonic(), meta)
-    return meta
 
 
 def log_retention(namespace: str) -> timedelta | None:
@@ -447,7 +445,7 @@ def _commit(body: dict, status: dict) -> None:
     old_status = body.get("status") or {}
     if all(old_status.get(key) == value for key, value in status.items()):
         return  # nothing changed: a write would only wake every watcher of Sessions
-    k8s.patch_status("sessions", meta["namespace"], meta["name"], status)
+    cache.sessions.put(k8s.patch_status("sessions", meta["namespace"], meta["name"], status))
     if status["phase"] != old_status.get("phase"):
         ready: dict = next((c for c in status["conditions"] if c["type"] == "Ready"), {})
         message = f"phase {old_status.get('phase') or '-'} -> {status['phase']}: {ready.get('message', '')}"
@@ -579,7 +577,9 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     if RESTORE_STARTED_MS not in (meta.get("annotations") or {}):
         # A Session made with spec.source by hand (a Fork sets this as it creates one).
         started = {RESTORE_STARTED_MS: str(now_ms())}
-        k8s.patch_custom("sessions", namespace, meta["name"], {"metadata": {"annotations": started}})
+        cache.sessions.put(
+            k8s.patch_custom("sessions", namespace, meta["name"], {"metadata": {"annotations": started}})
+        )
         meta["annotations"] = {**(meta.get("annotations") or {}), **started}
     # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild.
     pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
@@ -724,7 +724,7 @@ def _idle_step(
         return events, state
     state = idle.paused_state(events, generation, now_rfc3339())
     # Status before the side effect: whoever reads the Session while its Pod goes sees why.
-    k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state})
+    cache.sessions.put(k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state}))
     body.setdefault("status", {})["idle"] = state
     metrics.idle_pauses.inc()
     kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
@@ -803,3 +803,11 @@ def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tu
     # so a pass that changes nothing finds status.idle equal and writes nothing.
     old = (body.get("status") or {}).get("idle") or {}
     return {k: v for k, v in state.items() if v is not None or k in old}, conditions
+
+
+def read_claim(namespace: str, name: str) -> dict | None:
+    return cache.claim(namespace, name) if cache.in_use() else k8s.get_pvc(namespace, name)
+
+
+def read_pod(namespace: str, name: str) -> dict | None:
+    return cache.pod(namespace, name) if cache.in_use() else k8s.get_pod(namespace, name)

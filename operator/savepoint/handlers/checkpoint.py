@@ -38,25 +38,15 @@ def checkpoint_snapshot_event(
     memo.runtime.checkpoint_pass(namespace, name, snapshot=dict(body))
 
 
-@kopf.index(*CHECKPOINTS, id="checkpoints_waiting")
-def checkpoints_waiting(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
-    """Checkpoints not admitted yet (waiting for their Session), by that Session."""
-    if status.get("phase") not in (None, "Pending") or status.get("createdAt"):
-        return None
-    return {(namespace, spec.get("sessionName")): name}
-
-
-def _awaited_session(namespace: str, name: str, status: kopf.Status, checkpoints_waiting: kopf.Index, **_: object):
+def _awaited_session(namespace: str, name: str, status: kopf.Status, memo: kopf.Memo, **_: object) -> bool:
     # A filter: the events of the sessions no checkpoint waits for cost no worker thread.
-    return (namespace, name) in checkpoints_waiting and status.get("phase") not in (None, "Provisioning")
+    return status.get("phase") not in (None, "Provisioning") and bool(memo.runtime.waiting_for(namespace, name))
 
 
 @kopf.on.event(GROUP, VERSION, "sessions", id="checkpoint_session_event", when=_awaited_session)
-def checkpoint_session_event(
-    namespace: str, name: str, checkpoints_waiting: kopf.Index, memo: kopf.Memo, **_: object
-) -> None:
+def checkpoint_session_event(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
     """A Session some checkpoints wait for is no longer Provisioning: admit them now."""
-    for waiting in list(checkpoints_waiting.get((namespace, name), ())):
+    for waiting in memo.runtime.waiting_for(namespace, name):
         memo.runtime.admit_checkpoint((namespace, waiting))
 
 

@@ -6,13 +6,14 @@ import copy
 
 import kopf
 
-from savepoint.controllers import heartbeat
+from savepoint.controllers import cache, heartbeat
 from savepoint.controllers import session as sessions
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
 from savepoint.usage import heartbeat_session
 
 SESSIONS = (GROUP, VERSION, "sessions")
+STORES = {"pods": cache.pods, "persistentvolumeclaims": cache.claims}
 
 
 @kopf.on.resume(*SESSIONS, id="session_resume")
@@ -23,9 +24,10 @@ def session_reconcile(namespace: str, name: str, body: kopf.Body, reason: str, m
 
 
 @kopf.on.event(*SESSIONS, id="session_resync_clock")
-async def session_resync_clock(type: str | None, name: str, namespace: str, memo: kopf.Memo, **_: object) -> None:
-    # The safety resync of every Session, without a kopf timer per Session (savepoint.polling).
-    memo.runtime.observe_session(type, namespace, name)
+async def session_resync_clock(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
+    # Its body for the passes (controllers/cache.py), and the safety resync of every
+    # Session without a kopf timer per Session (savepoint.polling).
+    memo.runtime.observe_session(type, dict(body))
 
 
 def _is_heartbeat(body: kopf.Body, **_: object) -> bool:
@@ -46,6 +48,8 @@ def _child_changed(type: str | None, body: kopf.Body, resource: kopf.Resource, m
     raw = dict(body)
     if resource.plural == "configmaps" and heartbeat_session(raw) is not None:
         return False  # session_heartbeat_event's
+    if resource.plural in STORES:
+        STORES[resource.plural].observe(type, raw)  # what the passes read (controllers/cache.py)
     if sessions.relisted(resource.plural, type, raw):
         memo.runtime.resync_all_after_relist()
     return sessions.child_changed(resource.plural, type, raw, record=False)
