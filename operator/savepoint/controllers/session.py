@@ -251,10 +251,7 @@ def _reconcile(
         except RestoreError as err:
             _write_failed(body, spec, claim, elog, err.reason, str(err))
             return
-        if restored is None:
-            hold = ("Restoring", f"restoring from {spec.source.checkpoint or spec.source.session}")
-        else:
-            extra.update(restored)
+        extra.update(restored)
     elif "restore" not in old_status:
         extra["restore"] = {"mode": "fresh"}
     if annotations.get(RESTORING_ANNOTATION):
@@ -535,8 +532,11 @@ class RestoreError(Exception):
         self.reason = reason
 
 
-def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: str) -> dict | None:
-    """Bring disk and log from spec.source; None while in progress, status fields when done."""
+def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: str) -> dict:
+    """Bring disk and log from spec.source: the status fields once the claim is Bound, {}
+    before. The log prefix is in place either way, so the Pod may be made at once: it
+    waits for its claim, which the provisioner binds only once the snapshot is restored
+    into it (the floor's order, claim Bound then Pod, costs a pass in between)."""
     from savepoint.checkpoint import SNAPSHOT_GROUP
     from savepoint.errors import HistoryUnavailable
 
@@ -601,7 +601,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     except HistoryUnavailable as err:
         raise RestoreError("SessionHistoryUnavailable", str(err)) from None
     if (pvc.get("status") or {}).get("phase") != "Bound":
-        return None
+        return {}
     restore: dict[str, Any] = {
         "mode": "snapshot" if data_source else "event_log_rebuild",
         "throughSequence": through_seq,
