@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -33,6 +33,10 @@ from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
+
+# Re-exported: controllers/checkpoint.py reads the time helpers here.
+from savepoint.timestamps import parse_rfc3339 as parse_time  # noqa: F401
+from savepoint.timestamps import rfc3339 as rfc3339
 
 
 class RejectReason(StrEnum):
@@ -227,14 +231,6 @@ def effective_ttl(spec_ttl: str | None, policy: Policy) -> timedelta:
         return min(parse_duration(spec_ttl), cap)
     except OverflowError:  # "99999999999999999999d": more than a timedelta holds, so more than the cap
         return cap
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def snapshot_name(checkpoint: str) -> str:

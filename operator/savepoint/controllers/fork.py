@@ -21,9 +21,7 @@ from savepoint.checkpoint import (
     SNAPSHOT_GROUP,
     Patience,
     effective_ttl,
-    parse_time,
     policy_from_annotations,
-    rfc3339,
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings, load
@@ -46,6 +44,7 @@ from savepoint.fork import (
 )
 from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
 from savepoint.session import RESTORE_STARTED_MS, SESSION_LABEL, build_pvc, pod_name
+from savepoint.timestamps import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
@@ -151,7 +150,7 @@ def _write_waiting(body: dict, message: str) -> None:
 
 def _patience(settings: Settings, body: dict) -> Patience:
     made = body["metadata"].get("creationTimestamp")
-    waited = max(timedelta(0), _now() - parse_time(made)) if made else timedelta(0)
+    waited = max(timedelta(0), _now() - parse_rfc3339(made)) if made else timedelta(0)
     return Patience(waited, settings.wait_timeout, settings.missing_grace)
 
 
@@ -312,7 +311,7 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
 
 def _succeed(body: dict, target: str) -> None:
     status = body.get("status") or {}
-    started = parse_time(status["startedAt"]) if status.get("startedAt") else _now()
+    started = parse_rfc3339(status["startedAt"]) if status.get("startedAt") else _now()
     elapsed = int((_now() - started).total_seconds() * 1000)
     metrics.restore_seconds.labels(status.get("restoreMode") or "snapshot").observe(elapsed / 1000)
     _write(

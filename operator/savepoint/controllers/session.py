@@ -18,7 +18,7 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from savepoint import idle, k8s, metrics, podsecurity
-from savepoint.conditions import ConditionType, now_rfc3339, set_condition
+from savepoint.conditions import ConditionType, set_condition
 from savepoint.constants import (
     ANNOTATION_LOG_RETENTION,
     API_VERSION,
@@ -30,7 +30,7 @@ from savepoint.controllers import has_run, heartbeat, object_lock, one_pass, san
 from savepoint.controllers.logs import event_log
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
-from savepoint.eventlog import Event, EventLog, effective_history, parse_time, summarize
+from savepoint.eventlog import Event, EventLog, effective_history, summarize
 from savepoint.fork import RESTORING_ANNOTATION
 from savepoint.models import IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
@@ -51,6 +51,7 @@ from savepoint.session import (
     pod_phase,
     sandbox_account,
 )
+from savepoint.timestamps import now_rfc3339, parse_rfc3339
 from savepoint.usage import derive_usage
 
 log = logging.getLogger(__name__)
@@ -642,7 +643,7 @@ def _mount_warning(namespace: str, pod: dict | None) -> str | None:
     if pod is None or pod_phase(pod) != "Pending":
         return None
     created = (pod.get("metadata") or {}).get("creationTimestamp")
-    if not created or datetime.now(UTC) - datetime.fromisoformat(created.replace("Z", "+00:00")) < MOUNT_WARNING_AFTER:
+    if not created or datetime.now(UTC) - parse_rfc3339(created) < MOUNT_WARNING_AFTER:
         return None
     try:
         return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
@@ -736,7 +737,7 @@ def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float |
     or an approval open, or the session not Ready)."""
     ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
-    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
+    deadline = idle.pause_deadline(policy, events, parse_rfc3339(since) if since else None)
     if deadline is None or status.get("phase") != SessionPhase.READY:
         return None
     return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
