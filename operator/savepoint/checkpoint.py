@@ -18,6 +18,7 @@ from savepoint.constants import (
     ANNOTATION_MAX_COUNT,
     ANNOTATION_TTL,
     ANNOTATION_ZDR,
+    API_VERSION,
     CHECKPOINT_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -33,6 +34,7 @@ from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
+from savepoint.session import busy
 
 # Re-exported: controllers/checkpoint.py reads the time helpers here.
 from savepoint.timestamps import parse_rfc3339 as parse_time  # noqa: F401
@@ -180,10 +182,9 @@ def admit(
             f"session {spec.session_name} has checkpointPolicy.hooks, and this operator runs no hooks "
             "(SAVEPOINT_HOOKS=false, chart value hooks.enabled); remove the hooks or enable them",
         )
-    if session.phase == SessionPhase.RUNNING:
-        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
-    if session.phase == SessionPhase.AWAITING_APPROVAL:
-        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has an approval pending")
+    running = busy(spec.session_name, session.phase)
+    if running:
+        return Rejection(RejectReason.SESSION_BUSY, running)
     if session.phase in (None, SessionPhase.PROVISIONING):
         if patience.waited < patience.timeout:
             return Wait(
@@ -263,7 +264,7 @@ def checkpoint_owner(body: dict[str, Any]) -> dict[str, Any]:
     finalizer alone cannot see a snapshot made after it ran.
     """
     return {
-        "apiVersion": body.get("apiVersion", "savepoint.dev/v1alpha1"),
+        "apiVersion": body.get("apiVersion", API_VERSION),
         "kind": body.get("kind", "Checkpoint"),
         "name": body["metadata"]["name"],
         "uid": body["metadata"]["uid"],
