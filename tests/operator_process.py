@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,8 +38,10 @@ class OperatorProcess:
 
     `env` is its whole environment; `start(**extra)` adds to it for that one start.
     With `check_start` seconds, start() waits that long and fails the test if the
-    operator has exited meanwhile (a bad setting); without, it returns at once, as a
-    kill loop needs. The log holds this test run's starts, each under a header line.
+    operator has exited meanwhile (a bad setting), and then, once `metrics_url` is set,
+    until its metrics server answers (a test may read a metric at once); without, it
+    returns at once, as a kill loop needs. The log holds this test run's starts, each
+    under a header line.
     """
 
     def __init__(self, env: Mapping[str, str], log_path: Path, check_start: float = 0) -> None:
@@ -65,8 +69,17 @@ class OperatorProcess:
         self.starts += 1
         if self.check_start:
             time.sleep(self.check_start)
-            if self.proc.poll() is not None:
-                pytest.fail(f"the operator exited at start; see {self.log_path}", pytrace=False)
+            self._exited_at_start()
+            deadline = time.monotonic() + 60
+            while self.metrics_url and not _answers(f"{self.metrics_url}/metrics"):
+                self._exited_at_start()
+                if time.monotonic() > deadline:
+                    pytest.fail(f"the operator's metrics server did not answer; see {self.log_path}", pytrace=False)
+                time.sleep(0.2)
+
+    def _exited_at_start(self) -> None:
+        if not self.alive():
+            pytest.fail(f"the operator exited at start; see {self.log_path}", pytrace=False)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -100,3 +113,14 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+
+
+def _answers(url: str) -> bool:
+    """Whether an HTTP server answers at `url`, whatever its status."""
+    try:
+        urllib.request.urlopen(url, timeout=2).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
