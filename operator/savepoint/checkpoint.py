@@ -18,7 +18,6 @@ from savepoint.constants import (
     ANNOTATION_MAX_COUNT,
     ANNOTATION_TTL,
     ANNOTATION_ZDR,
-    API_VERSION,
     CHECKPOINT_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
@@ -34,7 +33,7 @@ from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
-from savepoint.session import busy
+from savepoint.session import busy, owner_reference
 
 # Re-exported: controllers/checkpoint.py reads the time helpers here.
 from savepoint.timestamps import parse_rfc3339 as parse_time  # noqa: F401
@@ -263,14 +262,7 @@ def checkpoint_owner(body: dict[str, Any]) -> dict[str, Any]:
     creates after the Checkpoint's finalizer was released is removed all the same: the
     finalizer alone cannot see a snapshot made after it ran.
     """
-    return {
-        "apiVersion": body.get("apiVersion", API_VERSION),
-        "kind": body.get("kind", "Checkpoint"),
-        "name": body["metadata"]["name"],
-        "uid": body["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return owner_reference(body, "Checkpoint")
 
 
 def owned_by_other(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:

@@ -50,10 +50,11 @@ def busy(session: str, phase: str | None) -> str | None:
     return f"session {session} {what}" if what else None
 
 
-def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+def owner_reference(body: dict[str, Any], kind: str = "Session") -> dict[str, Any]:
+    """The controller ownerReference to one of Savepoint's objects (`kind` when the body has none)."""
     return {
         "apiVersion": body.get("apiVersion", API_VERSION),
-        "kind": body.get("kind", "Session"),
+        "kind": body.get("kind", kind),
         "name": body["metadata"]["name"],
         "uid": body["metadata"]["uid"],
         "controller": True,
