@@ -122,12 +122,8 @@ def obj(kind: str, name: str, spec: dict) -> dict:
 
 
 def session_body(name: str, template: dict = KWOK_POD) -> dict:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Session",
-        "metadata": {"name": name},
-        "spec": {"podTemplate": template, "workspace": {"size": "64Mi"}, "harness": {"name": "h", "revision": "1"}},
-    }
+    spec = {"podTemplate": template, "workspace": {"size": "64Mi"}, "harness": {"name": "h", "revision": "1"}}
+    return obj("Session", name, spec)
 
 
 def phases(crds, namespace: str, plural: str) -> dict[str, str | None]:
@@ -178,17 +174,7 @@ class Workload:
             name = f"c{i}"
             session = self.rng.choice(self.sessions)
             self.checkpoints.append(name)
-            create(
-                self.crds,
-                ns,
-                "checkpoints",
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "Checkpoint",
-                    "metadata": {"name": name},
-                    "spec": {"sessionName": session, "label": f"op {i}"},
-                },
-            )
+            create(self.crds, ns, "checkpoints", obj("Checkpoint", name, {"sessionName": session, "label": f"op {i}"}))
         elif kind in ("fork", "rollback"):
             checkpoint = self.rng.choice(ready)
             self.used.add(checkpoint)
@@ -199,12 +185,7 @@ class Workload:
             else:
                 spec["mode"] = "Rollback"
             self.forks.append(name)
-            create(
-                self.crds,
-                ns,
-                "forks",
-                {"apiVersion": f"{GROUP}/{VERSION}", "kind": "Fork", "metadata": {"name": name}, "spec": spec},
-            )
+            create(self.crds, ns, "forks", obj("Fork", name, spec))
         elif kind == "at_event":
             session = self.rng.choice(self.sessions)
             last = retrying(lambda: self.log(session).cursor().seq)
@@ -212,20 +193,8 @@ class Workload:
                 last = retrying(lambda: self.log(session).append("user.message", {"text": "hello"}).seq)
             name = f"ae{i}"
             self.forks.append(name)
-            create(
-                self.crds,
-                ns,
-                "forks",
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "Fork",
-                    "metadata": {"name": name},
-                    "spec": {
-                        "source": {"session": session, "atEvent": str(self.rng.randint(1, last))},
-                        "target": {"sessionName": f"f{i}"},
-                    },
-                },
-            )
+            source = {"session": session, "atEvent": str(self.rng.randint(1, last))}
+            create(self.crds, ns, "forks", obj("Fork", name, {"source": source, "target": {"sessionName": f"f{i}"}}))
         elif kind == "delete":
             victim = self.rng.choice(deletable)
             self.deleted.add(victim)
