@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
+from tests.operator_process import OperatorProcess
+
 REPO = Path(__file__).resolve().parent.parent
 TEST_RUN_DIR = REPO / ".run" / "test-cluster"
 # Contexts we are willing to create and delete things in.
@@ -173,47 +175,6 @@ def crds(api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(api)
 
 
-class OperatorProcess:
-    """`python -m savepoint` as a child process that a test can stop, kill and start again."""
-
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.env = env
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, **extra_env: str) -> None:
-        import sys
-
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "savepoint"], env={**self.env, **extra_env}, stdout=out, stderr=subprocess.STDOUT
-            )
-        time.sleep(1)
-        if self.proc.poll() is not None:
-            pytest.fail(f"the operator exited at start; see {self.log_path}", pytrace=False)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def wait_exit(self, timeout: float, what: str) -> int:
-        """Wait for the process to die by itself (a failpoint) and return its exit code."""
-        assert self.proc is not None
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the operator did not exit at {what} within {timeout}s", pytrace=False)
-
-    def ensure_running(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            self.start()
-
-
 @pytest.fixture(scope="session")
 def operator_process(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator[OperatorProcess]:
     log_path = REPO / ".run" / "operator-test.log"
@@ -234,9 +195,9 @@ def operator_process(kubeconfig: str, crds: client.CustomObjectsApi) -> Iterator
         "SAVEPOINT_LOG_LEVEL": "DEBUG",
     }
     env.pop("SAVEPOINT_FAILPOINTS", None)
-    operator = OperatorProcess(env, log_path)
-    operator.webhook = webhook  # type: ignore[attr-defined]
-    operator.metrics_url = f"http://127.0.0.1:{metrics_port}"  # type: ignore[attr-defined]
+    operator = OperatorProcess(env, log_path, check_start=1)
+    operator.webhook = webhook
+    operator.metrics_url = f"http://127.0.0.1:{metrics_port}"
     operator.start()
     yield operator
     operator.stop()
@@ -295,7 +256,7 @@ def webhook(api: client.ApiClient, operator_process: OperatorProcess) -> Iterato
     to the operator's webhook."""
     import base64
 
-    info = operator_process.webhook  # type: ignore[attr-defined]
+    info = operator_process.webhook
     reg = client.AdmissionregistrationV1Api(api)
     name = "savepoint-test-webhook"
     body = {

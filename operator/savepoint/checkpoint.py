@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -33,6 +33,11 @@ from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
+from savepoint.session import busy, owner_reference
+
+# Re-exported: controllers/checkpoint.py reads the time helpers here.
+from savepoint.timestamps import parse_rfc3339 as parse_time  # noqa: F401
+from savepoint.timestamps import rfc3339 as rfc3339
 
 
 class RejectReason(StrEnum):
@@ -176,10 +181,9 @@ def admit(
             f"session {spec.session_name} has checkpointPolicy.hooks, and this operator runs no hooks "
             "(SAVEPOINT_HOOKS=false, chart value hooks.enabled); remove the hooks or enable them",
         )
-    if session.phase == SessionPhase.RUNNING:
-        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has a run in flight")
-    if session.phase == SessionPhase.AWAITING_APPROVAL:
-        return Rejection(RejectReason.SESSION_BUSY, f"session {spec.session_name} has an approval pending")
+    running = busy(spec.session_name, session.phase)
+    if running:
+        return Rejection(RejectReason.SESSION_BUSY, running)
     if session.phase in (None, SessionPhase.PROVISIONING):
         if patience.waited < patience.timeout:
             return Wait(
@@ -229,14 +233,6 @@ def effective_ttl(spec_ttl: str | None, policy: Policy) -> timedelta:
         return cap
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-
-
 def snapshot_name(checkpoint: str) -> str:
     """Deterministic, so a retry finds the snapshot the first try made; hashed when long."""
     name = f"sp-{checkpoint}"
@@ -266,14 +262,7 @@ def checkpoint_owner(body: dict[str, Any]) -> dict[str, Any]:
     creates after the Checkpoint's finalizer was released is removed all the same: the
     finalizer alone cannot see a snapshot made after it ran.
     """
-    return {
-        "apiVersion": body.get("apiVersion", "savepoint.dev/v1alpha1"),
-        "kind": body.get("kind", "Checkpoint"),
-        "name": body["metadata"]["name"],
-        "uid": body["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return owner_reference(body, "Checkpoint")
 
 
 def owned_by_other(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:

@@ -46,6 +46,7 @@ from savepoint.client.errors import (
 )
 from savepoint.client.sync import Client
 from savepoint.errors import SavepointError
+from savepoint.timestamps import parse_rfc3339
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -101,8 +102,7 @@ def wait(
 def parse_time(text: str | None) -> datetime | None:
     if not text:
         return None
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return parse_rfc3339(text)
 
 
 def human_duration(seconds: float) -> str:

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from savepoint.constants import ConditionType as ConditionType
 from savepoint.constants import Reason as Reason
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+from savepoint.timestamps import now_rfc3339
 
 
 def set_condition(

@@ -40,6 +40,9 @@ RECLAIM_LABEL = "savepoint.dev/reclaim"
 # On a Session a Fork made: the source session's name.
 PARENT_SESSION_LABEL = "savepoint.dev/parent-session"
 
+# On a namespace: the Pod Security level its sandbox Pod templates are held to (savepoint.podsecurity).
+POD_SECURITY_LABEL = "savepoint.dev/pod-security"
+
 # The one ConfigMap a sandbox writes its resource samples to: `<session>-heartbeat`,
 # labelled SESSION_LABEL, its sample a JSON object under this data key (savepoint.usage).
 HEARTBEAT_SUFFIX = "-heartbeat"
@@ -109,6 +112,7 @@ class Reason(StrEnum):
     HEARTBEAT_STALE = "HeartbeatStale"  # the sandbox's heartbeat stopped
     HEARTBEAT_FRESH = "HeartbeatFresh"
     SANDBOX_NOT_RUNNING = "SandboxNotRunning"  # no Pod running: no heartbeat expected
+    ROLLING_BACK = "RollingBack"  # a Fork is swapping the workspace: no Pod meanwhile
     # Checkpoint
     SNAPSHOTTING = "Snapshotting"
     SNAPSHOT_READY = "SnapshotReady"

@@ -49,6 +49,10 @@ from savepoint.errors import (
     SequenceOutOfRange,
 )
 
+# Re-exported: the readers of Event.time parse it here.
+from savepoint.timestamps import parse_rfc3339 as parse_time
+from savepoint.timestamps import rfc3339
+
 __all__ = [
     "TOMBSTONE_KEY",
     "Cursor",
@@ -103,15 +107,8 @@ _CONTINUE_RE = re.compile(rb'"continue":"([^"]*)"')
 
 
 def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with microseconds and a `Z`, the format of `Event.time`."""
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str) -> datetime:
-    moment = datetime.fromisoformat(text)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    """The format of `Event.time`: RFC 3339 in UTC to the microsecond."""
+    return rfc3339(moment, micro=True)
 
 
 def _seq_key(seq: int) -> str:

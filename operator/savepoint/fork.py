@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -13,6 +14,7 @@ from savepoint.constants import API_VERSION, FORK_ANNOTATION, PARENT_SESSION_LAB
 
 # Re-exported: the Session and Fork controllers read it here.
 from savepoint.constants import RESTORING_ANNOTATION as RESTORING_ANNOTATION
+from savepoint.eventlog import Event
 from savepoint.models import SANDBOX_ACCOUNT_PREFIX, CheckpointPhase, ForkMode, ForkSpec, RestoreMode
 
 
@@ -60,26 +62,41 @@ class Plan:
     through_event_id: str | None
 
 
-def check_checkpoint(name: str, body: dict[str, Any] | None, patience: Patience | None = None) -> dict[str, Any]:
-    """The checkpoint, usable; ForkWait while it can still become so; otherwise the
-    ForkError that says why not. Never downgrades: Expired is CheckpointExpired at once."""
-    patience = patience or Patience()
+def checkpoint_unusable(name: str, body: dict[str, Any] | None) -> ForkError | None:
+    """Why checkpoint `name` cannot be restored from now, one message per reason; None once
+    it is Ready. Whether a missing or Pending one is worth waiting for is the caller's call."""
     if body is None:
-        if patience.waited < patience.missing_grace:
-            raise ForkWait(f"waiting for checkpoint {name} to be created")
-        raise ForkError(ForkReason.CHECKPOINT_NOT_FOUND, f"checkpoint {name} not found")
+        return ForkError(ForkReason.CHECKPOINT_NOT_FOUND, f"checkpoint {name} not found")
     status = body.get("status") or {}
     phase = status.get("phase")
     if phase == CheckpointPhase.EXPIRED:
-        raise ForkError(
+        return ForkError(
             ForkReason.CHECKPOINT_EXPIRED,
             f"checkpoint {name} expired at {status.get('expiresAt')}; its snapshot is gone "
             "(fork from the session's log with source.session and atEvent instead)",
         )
     if phase in (CheckpointPhase.FAILED, CheckpointPhase.REJECTED):
         detail = f"{status.get('reason')}: {status.get('message')}" if status.get("reason") else "no reason given"
-        raise ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} ended {phase} ({detail})")
+        return ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} ended {phase} ({detail})")
     if phase != CheckpointPhase.READY:
+        return ForkError(ForkReason.CHECKPOINT_NOT_READY, f"checkpoint {name} is {phase or 'not admitted'}, not Ready")
+    return None
+
+
+def check_checkpoint(name: str, body: dict[str, Any] | None, patience: Patience | None = None) -> dict[str, Any]:
+    """The checkpoint, usable; ForkWait while it can still become so; otherwise the
+    ForkError that says why not. Never downgrades: Expired is CheckpointExpired at once."""
+    patience = patience or Patience()
+    refusal = checkpoint_unusable(name, body)
+    if refusal is None:
+        assert body is not None
+        return body
+    if body is None:
+        if patience.waited < patience.missing_grace:
+            raise ForkWait(f"waiting for checkpoint {name} to be created")
+        raise refusal
+    phase = (body.get("status") or {}).get("phase")
+    if phase not in (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED, CheckpointPhase.REJECTED):
         if patience.waited < patience.timeout:
             raise ForkWait(
                 f"waiting for checkpoint {name} to be Ready (it is {phase or 'new'}; "
@@ -89,7 +106,18 @@ def check_checkpoint(name: str, body: dict[str, Any] | None, patience: Patience 
             ForkReason.CHECKPOINT_NOT_READY,
             f"checkpoint {name} is still {phase or 'not admitted'} after {patience.timeout} (SAVEPOINT_WAIT_TIMEOUT)",
         )
-    return body
+    raise refusal
+
+
+def find_event(events: Sequence[Event], at_event: str) -> Event | None:
+    """The event an atEvent names: by its id, or by its sequence number written as a number."""
+    return next((e for e in events if e.id == at_event or str(e.seq) == at_event), None)
+
+
+def named_seq(at_event: str) -> int | None:
+    """The sequence number an atEvent names: a number, or an event id (its 12-digit prefix)."""
+    head = at_event.split("-", 1)[0]
+    return int(head) if head.isdigit() and int(head) > 0 else None
 
 
 def plan_from_checkpoint(spec: ForkSpec, checkpoint: dict[str, Any]) -> Plan:

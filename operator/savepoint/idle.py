@@ -16,8 +16,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from savepoint.durations import parse_duration
-from savepoint.eventlog import Event, parse_time, summarize
-from savepoint.models import IdlePolicy
+from savepoint.eventlog import Event, parse_time
+from savepoint.models import IdlePolicy, SessionPhase
+from savepoint.session import activity
 
 # Reasons of the Idle condition and of the Events the operator posts.
 IDLE_PAUSED = "IdlePaused"
@@ -36,8 +37,7 @@ def pause_deadline(policy: IdlePolicy, events: Sequence[Event], active_since: da
     """When the session has been idle for policy.pauseAfter: pauseAfter after the newer of
     its newest event and `active_since` (when it last became Ready, or was woken). None
     while a run is in flight or an approval is pending: those never pause."""
-    summary = summarize(events)
-    if summary["run_in_flight"] or summary["approval_pending"]:
+    if activity(events) != SessionPhase.READY:
         return None
     moments = [m for m in (active_since, parse_time(events[-1].time) if events else None) if m is not None]
     if not moments:
@@ -69,8 +69,7 @@ def waking_event(policy: IdlePolicy | None, events: Sequence[Event], through_seq
     for event in newer:
         if event.type == "session.rollback":
             return Wake(event.seq, event.type, event.time)
-    summary = summarize(events)
-    if summary["run_in_flight"] or summary["approval_pending"]:
+    if activity(events) != SessionPhase.READY:
         opened = next((e for e in newer if e.type in ("run.started", "agent.approval_request")), newer[-1])
         return Wake(opened.seq, opened.type, opened.time)
     return None

@@ -20,6 +20,7 @@ from typing import Any
 
 from savepoint import k8s, metrics
 from savepoint.config import Settings
+from savepoint.timestamps import parse_rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,6 @@ def identity() -> str:
     return f"{base}/{os.getpid()}/{secrets.token_hex(3)}"
 
 
-def _parse_time(text: str) -> datetime:
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
 def blocking_peers(status: Mapping[str, Any] | None, me: str, priority: int, now: datetime) -> list[str]:
     """The live peers, other than `me`, that make kopf pause us: same or higher priority.
 
@@ -57,7 +53,7 @@ def blocking_peers(status: Mapping[str, Any] | None, me: str, priority: int, now
             continue
         try:
             lifetime = int(info.get("lifetime", DEFAULT_LIFETIME))
-            seen = _parse_time(info["lastseen"]) if info.get("lastseen") else now
+            seen = parse_rfc3339(info["lastseen"]) if info.get("lastseen") else now
             their = int(info.get("priority", 0))
         except (TypeError, ValueError):
             continue  # not a record kopf wrote; kopf would fail on it, we ignore it

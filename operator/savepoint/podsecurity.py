@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-LEVEL_LABEL = "savepoint.dev/pod-security"
+from savepoint.constants import POD_SECURITY_LABEL
+
 PSA_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 LEVELS = ("privileged", "baseline", "restricted")  # loosest to strictest
 DEFAULT_LEVEL = "baseline"
@@ -83,7 +84,7 @@ def level_for(labels: dict[str, str] | None) -> str:
     """The level a namespace's labels ask for: the stricter of Savepoint's own label
     (default baseline) and Pod Security Admission's enforce label."""
     labels = labels or {}
-    own = labels.get(LEVEL_LABEL, DEFAULT_LEVEL)
+    own = labels.get(POD_SECURITY_LABEL, DEFAULT_LEVEL)
     if own not in LEVELS:
         own = "restricted"  # a typo never loosens
     psa = labels.get(PSA_ENFORCE_LABEL, "privileged")

@@ -7,12 +7,14 @@ calls these functions, and writes the results through savepoint.k8s.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from savepoint import constants
 from savepoint.conditions import ConditionType, Reason, set_condition
 from savepoint.constants import API_VERSION, POD_BOOT_MS, POD_CREATED_MS, SESSION_LABEL
+from savepoint.eventlog import Event, summarize
 from savepoint.models import SANDBOX_ACCOUNT_PREFIX, OperatingMode, SessionPhase, SessionSpec
 from savepoint.usage import HeartbeatSeen, count_pauses
 
@@ -22,10 +24,37 @@ WORKSPACE_VOLUME = "workspace"
 RESTORE_STARTED_MS = constants.RESTORE_STARTED_MS_ANNOTATION
 
 
-def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
+# A session whose Pod runs on its workspace: idle (Ready), or busy with a run or an approval.
+LIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
+_BUSY: dict[str | None, str] = {
+    SessionPhase.RUNNING: "has a run in flight",
+    SessionPhase.AWAITING_APPROVAL: "has an approval pending",
+}
+
+
+def activity(events: Sequence[Event]) -> SessionPhase:
+    """What the log says a live session is doing (its status can lag the log): AwaitingApproval
+    while an approval request has no answer, Running while a run is in flight, else Ready."""
+    summary = summarize(events)
+    if summary["approval_pending"]:
+        return SessionPhase.AWAITING_APPROVAL
+    if summary["run_in_flight"]:
+        return SessionPhase.RUNNING
+    return SessionPhase.READY
+
+
+def busy(session: str, phase: str | None) -> str | None:
+    """Why `session` in `phase` cannot be checkpointed or rolled back now; None unless a run
+    or an approval is open."""
+    what = _BUSY.get(phase)
+    return f"session {session} {what}" if what else None
+
+
+def owner_reference(body: dict[str, Any], kind: str = "Session") -> dict[str, Any]:
+    """The controller ownerReference to one of Savepoint's objects (`kind` when the body has none)."""
     return {
         "apiVersion": body.get("apiVersion", API_VERSION),
-        "kind": body.get("kind", "Session"),
+        "kind": body.get("kind", kind),
         "name": body["metadata"]["name"],
         "uid": body["metadata"]["uid"],
         "controller": True,
@@ -289,7 +318,7 @@ def build_status(
         generation,
         now,
     )
-    ready = phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
+    ready = phase in LIVE_PHASES
     conditions = set_condition(conditions, ConditionType.READY, ready, reason, message, generation, now)
 
     if seen.heartbeat is not None:

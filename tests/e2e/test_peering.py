@@ -20,10 +20,11 @@ from kubernetes import client
 
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
-from tests.conftest import REPO, _free_port, unique, wait_for
-from tests.e2e.test_faults import OperatorProcess, _has_default_sa, _shared_operator_started
+from tests.conftest import REPO, _free_port, wait_for
+from tests.e2e.support import delete_namespace, make_namespace, shared_operator_started
 from tests.integration.test_checkpoint import _sample, _scrape, get_checkpoint, make_checkpoint, wait_checkpoint
 from tests.integration.test_session import make_session, wait_phase
+from tests.operator_process import OperatorProcess, namespaced_env
 
 LIFETIME = 10  # seconds; kopf's default is 60
 PEERING = "savepoint-ha"
@@ -60,7 +61,7 @@ class Replica(OperatorProcess):
             "SAVEPOINT_METRICS_PORT": str(self.port),
             "SAVEPOINT_LOG_LEVEL": "INFO",
         }
-        super().__init__(kubeconfig, namespace, REPO / ".run" / f"operator-ha-{name}.log", env)
+        super().__init__(namespaced_env(kubeconfig, namespace, **env), REPO / ".run" / f"operator-ha-{name}.log")
 
     def active_gauge(self) -> float | None:
         try:
@@ -74,13 +75,9 @@ class Replica(OperatorProcess):
 
 @pytest.fixture
 def replicas(request, kubeconfig, crds, peering_crds, core) -> Iterator[tuple[str, list[Replica]]]:
-    if _shared_operator_started(request):
+    if shared_operator_started(request):
         pytest.fail("the cluster-wide `operator` fixture is running and would act here; run tests/e2e first")
-    namespace = unique("ha")
-    core.create_namespace(
-        client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels={"savepoint.dev/test": "true"}))
-    )
-    wait_for(lambda: _has_default_sa(core, namespace), timeout=60, what=f"default ServiceAccount in {namespace}")
+    namespace = make_namespace(core, "ha")
     # kopf never creates its peering object; the chart does (charts/savepoint/templates/peering.yaml).
     body = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
     crds.create_namespaced_custom_object(*PEERINGS[:2], namespace, PEERINGS[2], body)
@@ -92,19 +89,10 @@ def replicas(request, kubeconfig, crds, peering_crds, core) -> Iterator[tuple[st
     if not any(r.alive() for r in made):
         made[0].start()  # Checkpoint finalizers need an operator while the namespace goes
     try:
-        core.delete_namespace(namespace, propagation_policy="Background")
-        wait_for(lambda: _gone(core, namespace), timeout=180, interval=1, what=f"namespace {namespace} deleted")
+        delete_namespace(core, namespace)
     finally:
         for replica in made:
             replica.stop()
-
-
-def _gone(core, namespace: str) -> bool:
-    try:
-        core.read_namespace(namespace)
-        return False
-    except client.ApiException as err:
-        return err.status == 404
 
 
 def peers(crds, namespace: str) -> dict[str, dict]:

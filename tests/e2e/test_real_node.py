@@ -24,7 +24,7 @@ from kubernetes import client
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
 from tests.conftest import REPO, TEST_RUN_DIR, unique, wait_for
-from tests.e2e.test_faults import _shared_operator_started
+from tests.e2e.support import shared_operator_started
 
 KUBECTL = str(Path(sys.executable).parent / "kubectl")
 HELM_VERSION = next(
@@ -84,7 +84,7 @@ def real_node(core: client.CoreV1Api) -> str:
 @pytest.fixture(scope="module")
 def in_cluster_operator(request, kubeconfig, crds, core, real_node) -> Iterator[dict]:
     """`helm install` of charts/savepoint with the image built here: two replicas on the real node."""
-    if _shared_operator_started(request):
+    if shared_operator_started(request):
         pytest.fail(
             "the cluster-wide `operator` fixture is running and would act here; run tests/e2e first", pytrace=False
         )

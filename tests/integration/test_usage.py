@@ -19,10 +19,11 @@ from kubernetes import watch as k8s_watch
 
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
-from tests.conftest import OperatorProcess, wait_for
+from tests.conftest import wait_for
 from tests.integration.test_harness import harness, sandbox_env
 from tests.integration.test_security import refused, sandbox_core, sandbox_policy  # noqa: F401 (a fixture)
 from tests.integration.test_session import get_session, make_session, wait_phase
+from tests.operator_process import OperatorProcess
 
 STALE_SECONDS = 8
 INTERVAL_SECONDS = 2

@@ -43,12 +43,12 @@ from savepoint.client.errors import (
     reason_error,
 )
 from savepoint.client.objects import KINDS, typed
+from savepoint.constants import IDEMPOTENCY_KEY_ANNOTATION
 from savepoint.models import API_VERSION, CheckpointSpec, ForkSpec, SessionSpec
 
 # Prefix of generated names; the server appends 5 random characters. Kept short so the
 # name stays a valid label value (63 characters), which the operator relies on.
 MAX_GENERATE_PREFIX = 40
-IDEMPOTENCY_ANNOTATION = "savepoint.dev/idempotency-key"
 # A watch is also closed by the client this long after the server should have ended it.
 WATCH_GRACE_SECONDS = 10
 
@@ -165,7 +165,7 @@ def generate_prefix(base: str, kind: str) -> str:
 
 def _metadata(prefix: str, base: str, kind: str, key: str | None) -> dict[str, Any]:
     if key:
-        return {"name": key_name(prefix, key), "annotations": {IDEMPOTENCY_ANNOTATION: key}}
+        return {"name": key_name(prefix, key), "annotations": {IDEMPOTENCY_KEY_ANNOTATION: key}}
     return {"generateName": generate_prefix(base, kind)}
 
 
@@ -461,7 +461,7 @@ def create_once(namespace: str, body: dict[str, Any]) -> Operation:
         if existing is None:  # deleted between our create and get: try once more
             return (yield from create_once(namespace, body))
         if not same_request(existing, body):
-            key = body["metadata"]["annotations"][IDEMPOTENCY_ANNOTATION]
+            key = body["metadata"]["annotations"][IDEMPOTENCY_KEY_ANNOTATION]
             raise IdempotencyKeyConflict(
                 f"idempotency key {key!r} already names {kind.lower()} {name} with a different spec; "
                 "use a new key for a new request"

@@ -6,6 +6,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import Counter
+
+from savepoint import k8s
 
 # kopf runs the create handler, timers and watch-event handlers of one object in
 # different threads; one pass at a time per object keeps check-then-act steps (such as
@@ -58,3 +63,25 @@ def forget(kind: str, namespace: str, name: str) -> None:
         if lock is not None and not lock.locked():
             del _locks[key]
         _done.pop(key, None)
+
+
+def write_status(
+    plural: str,
+    body: dict,
+    status: dict[str, Any],
+    transitions: Counter,
+    event: tuple[str, str] | None = None,
+    warn: bool = False,
+) -> dict | None:
+    """Patch a Checkpoint's or Fork's status (with observedGeneration), count a phase change
+    in `transitions` by phase and reason, keep `body` in step, then post `event` (reason,
+    message). Returns the object as written (None if it is gone)."""
+    meta = body["metadata"]
+    status = {**status, "observedGeneration": meta.get("generation")}
+    written = k8s.patch_status(plural, meta["namespace"], meta["name"], status)
+    if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
+        transitions.labels(status["phase"], status.get("reason") or "").inc()
+    body["status"] = {**(body.get("status") or {}), **status}
+    if event:
+        k8s.post_event(body, event[0], event[1], warning=warn)
+    return written

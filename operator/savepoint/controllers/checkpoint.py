@@ -42,12 +42,13 @@ from savepoint.config import Settings
 from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
 from savepoint.controllers import cache, has_run, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
+from savepoint.controllers import write_status as write_object_status
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
-from savepoint.eventlog import Cursor, effective_history, summarize
+from savepoint.eventlog import Cursor
 from savepoint.hooks import hooks_of
 from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
-from savepoint.session import SESSION_LABEL, owner_reference
+from savepoint.session import LIVE_PHASES, SESSION_LABEL, activity, owner_reference
 
 log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
@@ -67,14 +68,10 @@ def ready_condition(body: dict, status: bool, reason: str, message: str) -> list
 
 
 def write_status(body: dict, status: dict[str, Any], event: tuple[str, str] | None = None, warn: bool = False) -> None:
-    meta = body["metadata"]
-    status = {**status, "observedGeneration": meta.get("generation")}
-    cache.checkpoints.put(k8s.patch_status("checkpoints", meta["namespace"], meta["name"], status))
-    if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
-        metrics.checkpoint_transitions.labels(status["phase"], status.get("reason") or "").inc()
-    body["status"] = {**(body.get("status") or {}), **status}
-    if event:
-        k8s.post_event(body, event[0], event[1], warning=warn)
+    """Write a Checkpoint's status (controllers.write_status); the Checkpoint as written goes
+    to the cache, so the next pass does not read an older copy."""
+    written = write_object_status("checkpoints", body, status, metrics.checkpoint_transitions, event, warn)
+    cache.checkpoints.put(written)
 
 
 def reconcile_checkpoint(
@@ -153,19 +150,12 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         view_cursor = None
         status = session.get("status") or {}
         phase = "being deleted" if session["metadata"].get("deletionTimestamp") else status.get("phase")
-        if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
-            # The status can lag the log by a moment; the log decides whether a run is in flight.
+        if phase in LIVE_PHASES:
             try:
                 events = event_log(session).read(partial=True)
                 # The cut is the log as checked: no second read for the cursor.
                 view_cursor = Cursor(events[-1].seq, events[-1].id) if events else Cursor(0, "")
-                summary = summarize(effective_history(events))
-                if summary["approval_pending"]:
-                    phase = SessionPhase.AWAITING_APPROVAL
-                elif summary["run_in_flight"]:
-                    phase = SessionPhase.RUNNING
-                else:
-                    phase = SessionPhase.READY
+                phase = activity(events)
             except EventLogError:
                 phase = SessionPhase.FAILED
         claim = status.get("workspaceClaimName")

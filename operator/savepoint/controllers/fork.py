@@ -20,14 +20,12 @@ from savepoint.checkpoint import (
     SNAPSHOT_GROUP,
     Patience,
     effective_ttl,
-    parse_time,
     policy_from_annotations,
-    rfc3339,
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
-from savepoint.controllers import cache, object_lock
+from savepoint.controllers import cache, object_lock, write_status
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
@@ -39,12 +37,15 @@ from savepoint.fork import (
     Plan,
     build_target_session,
     check_checkpoint,
+    find_event,
+    named_seq,
     newest_live,
     plan_from_checkpoint,
     target_claim_name,
 )
 from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
-from savepoint.session import RESTORE_STARTED_MS, SESSION_LABEL, build_pvc, pod_name
+from savepoint.session import LIVE_PHASES, RESTORE_STARTED_MS, SESSION_LABEL, activity, build_pvc, busy, pod_name
+from savepoint.timestamps import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
@@ -80,16 +81,9 @@ def _ready_condition(body: dict, status: dict) -> list[dict]:
 
 
 def _write(body: dict, status: dict, event: tuple[str, str] | None = None, warn: bool = False) -> None:
-    meta = body["metadata"]
-    status = {**status, "observedGeneration": meta.get("generation")}
     if "phase" in status:
-        status["conditions"] = _ready_condition(body, status)
-    k8s.patch_status("forks", meta["namespace"], meta["name"], status)
-    if "phase" in status and status["phase"] != (body.get("status") or {}).get("phase"):
-        metrics.fork_transitions.labels(status["phase"], status.get("reason") or "").inc()
-    body["status"] = {**(body.get("status") or {}), **status}
-    if event:
-        k8s.post_event(body, event[0], event[1], warning=warn)
+        status = {**status, "conditions": _ready_condition(body, status)}
+    write_status("forks", body, status, metrics.fork_transitions, event, warn)
 
 
 def _fail(body: dict, err: ForkError) -> None:
@@ -149,7 +143,7 @@ def _write_waiting(body: dict, message: str) -> None:
 
 def _patience(settings: Settings, body: dict) -> Patience:
     made = body["metadata"].get("creationTimestamp")
-    waited = max(timedelta(0), _now() - parse_time(made)) if made else timedelta(0)
+    waited = max(timedelta(0), _now() - parse_rfc3339(made)) if made else timedelta(0)
     return Patience(waited, settings.wait_timeout, settings.missing_grace)
 
 
@@ -234,20 +228,14 @@ def _plan_at_event(spec: ForkSpec, session: dict, at_event: str) -> Plan:
         events = elog.read(partial=True)
     except EventLogError as err:
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
-    match = next((e for e in events if e.id == at_event or str(e.seq) == at_event), None)
-    wanted = _named_seq(at_event)
+    match = find_event(events, at_event)
+    wanted = named_seq(at_event)
     if match is None and wanted is not None and events and wanted < events[0].seq:
         # Before the oldest event left: deleted by retention, which the strict read names.
         _read_prefix("", session, wanted)
     if match is None:
         raise ForkError(ForkReason.EVENT_NOT_FOUND, f"session {session['metadata']['name']} has no event {at_event}")
     return Plan(spec.mode, RestoreMode.EVENT_LOG_REBUILD, session["metadata"]["name"], None, None, match.seq, match.id)
-
-
-def _named_seq(at_event: str) -> int | None:
-    """The sequence number an atEvent names: a number, or an event id (its 12-digit prefix)."""
-    head = at_event.split("-", 1)[0]
-    return int(head) if head.isdigit() and int(head) > 0 else None
 
 
 # --- fork -------------------------------------------------------------------------------
@@ -298,17 +286,17 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
         cond: dict = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
         reason = (
             ForkReason.SESSION_HISTORY_UNAVAILABLE
-            if cond.get("reason") == "SessionHistoryUnavailable"
+            if cond.get("reason") == ForkReason.SESSION_HISTORY_UNAVAILABLE
             else ForkReason.SESSION_NOT_READY
         )
         raise ForkError(reason, f"target session {target_name} failed: {cond.get('message', '')}")
-    if phase in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
+    if phase in LIVE_PHASES:
         _succeed(body, target_name)
 
 
 def _succeed(body: dict, target: str) -> None:
     status = body.get("status") or {}
-    started = parse_time(status["startedAt"]) if status.get("startedAt") else _now()
+    started = parse_rfc3339(status["startedAt"]) if status.get("startedAt") else _now()
     elapsed = int((_now() - started).total_seconds() * 1000)
     metrics.restore_seconds.labels(status.get("restoreMode") or "snapshot").observe(elapsed / 1000)
     _write(
@@ -343,15 +331,13 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
         if sstatus.get("workspaceClaimName") == claim:
             # Swapped and released on an earlier pass: wait for the session to come back
             # (a run may already have started on the restored workspace).
-            if sstatus.get("phase") in (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
+            if sstatus.get("phase") in LIVE_PHASES:
                 _succeed(body, name)
             return
         phase = sstatus.get("phase")
-        if phase in (SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL):
-            raise ForkError(
-                ForkReason.SESSION_BUSY,
-                f"session {name} has a {'run in flight' if phase == SessionPhase.RUNNING else 'pending approval'}",
-            )
+        running = busy(name, phase)
+        if running:
+            raise ForkError(ForkReason.SESSION_BUSY, running)
         _check_idle(session)
         if phase not in (SessionPhase.READY, SessionPhase.PAUSED):
             raise ForkError(ForkReason.SESSION_NOT_READY, f"session {name} is {phase or 'not provisioned'}")
@@ -421,17 +407,13 @@ def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:
 
 def _check_idle(session: dict) -> None:
     """The log, not the (possibly lagging) status, decides whether a run is in flight."""
-    from savepoint.eventlog import effective_history, summarize
-
     try:
-        summary = summarize(effective_history(event_log(session).read(partial=True)))
+        events = event_log(session).read(partial=True)
     except EventLogError:
         return
-    name = session["metadata"]["name"]
-    if summary["approval_pending"]:
-        raise ForkError(ForkReason.SESSION_BUSY, f"session {name} has an approval pending")
-    if summary["run_in_flight"]:
-        raise ForkError(ForkReason.SESSION_BUSY, f"session {name} has a run in flight")
+    running = busy(session["metadata"]["name"], activity(events))
+    if running:
+        raise ForkError(ForkReason.SESSION_BUSY, running)
 
 
 def _refresh_expiry(namespace: str, checkpoint: str | None, settings: Settings) -> None:

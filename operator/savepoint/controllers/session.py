@@ -17,7 +17,7 @@ from typing import Any
 import kopf
 
 from savepoint import idle, k8s, metrics, podsecurity
-from savepoint.conditions import ConditionType, now_rfc3339, set_condition
+from savepoint.conditions import ConditionType, set_condition
 from savepoint.config import Settings
 from savepoint.constants import (
     ANNOTATION_LOG_RETENTION,
@@ -31,12 +31,13 @@ from savepoint.controllers.cache import namespace_meta
 from savepoint.controllers.logs import event_log
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
-from savepoint.eventlog import Event, EventLog, effective_history, parse_time, summarize
-from savepoint.fork import RESTORING_ANNOTATION
-from savepoint.models import IdlePolicy, OperatingMode, SessionPhase, SessionSpec
+from savepoint.eventlog import Event, EventLog, effective_history, summarize
+from savepoint.fork import RESTORING_ANNOTATION, ForkReason, checkpoint_unusable, find_event
+from savepoint.models import CheckpointPhase, IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
 from savepoint.sandbox import chunk_index
 from savepoint.session import (
+    LIVE_PHASES,
     POD_BOOT_MS,
     POD_CREATED_MS,
     RESTORE_STARTED_MS,
@@ -52,6 +53,7 @@ from savepoint.session import (
     pod_phase,
     sandbox_account,
 )
+from savepoint.timestamps import now_rfc3339, parse_rfc3339
 from savepoint.usage import derive_usage
 
 log = logging.getLogger(__name__)
@@ -255,7 +257,7 @@ def _reconcile(
     elif "restore" not in old_status:
         extra["restore"] = {"mode": "fresh"}
     if annotations.get(RESTORING_ANNOTATION):
-        hold = ("RollingBack", f"rolling back ({annotations[RESTORING_ANNOTATION]})")
+        hold = (Reason.ROLLING_BACK, f"rolling back ({annotations[RESTORING_ANNOTATION]})")
 
     # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
     # in force from here on (the user's spec, paused while the idle pause holds).
@@ -327,7 +329,7 @@ def _reconcile(
         sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
     status = build_status(body, spec, seen, claim)
     if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
-        _override_ready(status, meta, "Provisioning", hold[0], hold[1])
+        _override_ready(status, meta, SessionPhase.PROVISIONING, hold[0], hold[1])
     if template_error:
         _override_ready(status, meta, "Failed", *template_error)
     status.update(extra)
@@ -483,8 +485,8 @@ def reclaim_workspace(body: dict, claim: str, name: str | None = None) -> str | 
         )
         return None
     phase = (ckpt.get("status") or {}).get("phase")
-    if phase != "Ready":
-        if phase in ("Rejected", "Failed"):
+    if phase != CheckpointPhase.READY:
+        if phase in (CheckpointPhase.REJECTED, CheckpointPhase.FAILED):
             log.warning(
                 "keeping the workspace of %s/%s: reclaim checkpoint %s is %s",
                 meta["namespace"],
@@ -507,7 +509,7 @@ def resume_reclaimed(body: dict, spec: SessionSpec, elog: EventLog, checkpoint: 
     claim = target_claim_name(meta["name"], checkpoint)
     ckpt = k8s.get_custom("checkpoints", meta["namespace"], checkpoint)
     cstatus = (ckpt or {}).get("status") or {}
-    if cstatus.get("phase") == "Ready":
+    if cstatus.get("phase") == CheckpointPhase.READY:
         source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
         restore = {"mode": "snapshot", "checkpoint": checkpoint, "throughSequence": cstatus.get("throughSequence")}
     else:
@@ -549,26 +551,25 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     parent = source.session
     if source.checkpoint:
         ckpt = k8s.get_custom("checkpoints", namespace, source.checkpoint)
-        cstatus = (ckpt or {}).get("status") or {}
-        if ckpt is None or cstatus.get("phase") != "Ready":
-            if cstatus.get("phase") == "Expired":
-                raise RestoreError("CheckpointExpired", f"checkpoint {source.checkpoint} has expired")
-            raise RestoreError("CheckpointNotReady", f"checkpoint {source.checkpoint} is not Ready")
+        refusal = checkpoint_unusable(source.checkpoint, ckpt)
+        if refusal is not None:
+            # A Session's source does not wait, and to it a missing checkpoint is one not Ready.
+            missing = refusal.reason == ForkReason.CHECKPOINT_NOT_FOUND
+            raise RestoreError(ForkReason.CHECKPOINT_NOT_READY if missing else refusal.reason, str(refusal))
+        assert ckpt is not None
+        cstatus = ckpt["status"]
         parent = ckpt["spec"]["sessionName"]
         through = through or str(cstatus.get("throughSequence") or 0)
         data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
     parent_body = k8s.get_custom("sessions", namespace, parent) if parent else None
     if parent_body is None:
-        raise RestoreError("SessionHistoryUnavailable", f"source session {parent} not found")
+        raise RestoreError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"source session {parent} not found")
     parent_log = event_log(parent_body)
     if through is None:
         if source.at_event:
-            match = next(
-                (e for e in parent_log.read(partial=True) if e.id == source.at_event or str(e.seq) == source.at_event),
-                None,
-            )
+            match = find_event(parent_log.read(partial=True), source.at_event)
             if match is None:
-                raise RestoreError("EventNotFound", f"session {parent} has no event {source.at_event}")
+                raise RestoreError(ForkReason.EVENT_NOT_FOUND, f"session {parent} has no event {source.at_event}")
             through = str(match.seq)
         else:
             through = str(parent_log.cursor().seq)
@@ -599,7 +600,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
                 },
             )
     except HistoryUnavailable as err:
-        raise RestoreError("SessionHistoryUnavailable", str(err)) from None
+        raise RestoreError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
     if (pvc.get("status") or {}).get("phase") != "Bound":
         return {}
     restore: dict[str, Any] = {
@@ -620,7 +621,7 @@ def restore_ms(annotations: dict[str, str], status: dict[str, Any]) -> int | Non
     start (RESTORE_STARTED_MS) to now; None when it has one already or is not there yet."""
     started = annotations.get(RESTORE_STARTED_MS)
     usage = status.get("usage") or {}
-    ready = status.get("phase") in ("Ready", "Running", "AwaitingApproval")
+    ready = status.get("phase") in LIVE_PHASES
     if started is None or not ready or "restore" not in status or usage.get("restoreMs") is not None:
         return None
     return max(0, now_ms() - int(started))
@@ -650,7 +651,7 @@ def _mount_warning(namespace: str, pod: dict | None) -> str | None:
     if pod is None or pod_phase(pod) != "Pending":
         return None
     created = (pod.get("metadata") or {}).get("creationTimestamp")
-    if not created or datetime.now(UTC) - datetime.fromisoformat(created.replace("Z", "+00:00")) < MOUNT_WARNING_AFTER:
+    if not created or datetime.now(UTC) - parse_rfc3339(created) < MOUNT_WARNING_AFTER:
         return None
     return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
 
@@ -737,7 +738,7 @@ def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float |
     or an approval open, or the session not Ready)."""
     ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
-    deadline = idle.pause_deadline(policy, events, parse_time(since) if since else None)
+    deadline = idle.pause_deadline(policy, events, parse_rfc3339(since) if since else None)
     if deadline is None or status.get("phase") != SessionPhase.READY:
         return None
     return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
@@ -790,7 +791,7 @@ def _idle_status(body: dict, spec: SessionSpec, state: dict, status: dict) -> tu
         conditions, ConditionType.IDLE, paused, idle.IDLE_PAUSED if paused else idle.ACTIVE, message, generation
     )
     took = idle.wake_duration(state, datetime.now(UTC))
-    if took is not None and status.get("phase") in ACTIVE_PHASES:
+    if took is not None and status.get("phase") in LIVE_PHASES:
         metrics.wake_seconds.observe(took.total_seconds())
         state = {
             **state,
