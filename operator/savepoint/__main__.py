@@ -40,6 +40,7 @@ def main() -> None:
     from savepoint import metrics, peering
 
     metrics.observe_eventlog()
+    metrics.count_kopf_requests()
     metrics.serve(settings.metrics_port)
 
     async def run() -> None:
