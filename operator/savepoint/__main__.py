@@ -54,6 +54,7 @@ def main() -> None:
     runtime = Runtime(settings)
 
     metrics.observe_eventlog()
+    metrics.count_kopf_requests()
     metrics.serve(settings.metrics_port)
     runtime.start()
 

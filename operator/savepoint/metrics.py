@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
@@ -44,9 +44,25 @@ retention_bytes = Counter(
     "savepoint_eventlog_retention_bytes_freed_total",
     "Bytes of event data (keys and values) in the chunks retention deleted",
 )
-api_requests = Counter(
-    "savepoint_api_requests_total", "Requests the operator's Kubernetes client sent", ["verb", "code"]
+_api_requests = Counter(
+    "savepoint_api_requests_total",
+    "Requests the operator sent to the API server, by client: its own (operator) and kopf's (kopf)",
+    ["client", "verb", "code"],
 )
+
+
+class ClientRequests:
+    """One client's series of savepoint_api_requests_total: `.labels(verb, code)`."""
+
+    def __init__(self, client: str) -> None:
+        self.client = client
+
+    def labels(self, verb: str, code: str) -> Counter:
+        return _api_requests.labels(self.client, verb, code)
+
+
+api_requests = ClientRequests("operator")  # savepoint.k8s: our kubernetes client
+kopf_requests = ClientRequests("kopf")  # kopf's own aiohttp client: watches, lists, patches, events
 api_throttle_seconds = Counter(
     "savepoint_api_throttle_seconds_total", "Time requests waited for the client-side rate limiter"
 )
@@ -79,6 +95,39 @@ def observe_eventlog() -> None:
     eventlog.on_append = lambda event: log_appends.labels(event.type).inc()
     eventlog.on_conflict = log_conflicts.inc
     eventlog.on_retention = deleted
+
+
+def count_kopf_requests() -> None:
+    """Count every request kopf sends into savepoint_api_requests_total{client="kopf"}.
+
+    A watch is verb WATCH (counted when its stream opens), a list or read GET. A request
+    kopf retries counts once, with the answer of its last attempt.
+    """
+    # kopf is pinned (1.45.2) and its get/post/patch/delete/stream reach this private
+    # function through the module global; if kopf moves it, this raises at start-up and
+    # tests/unit/test_metrics.py fails, instead of the count silently reading zero.
+    import aiohttp
+    from kopf._cogs.clients import api, errors
+
+    send = api.request
+    if getattr(send, "savepoint_counted", False):
+        return
+
+    async def request(method: str, url: str, **kwargs: Any) -> Any:
+        verb = "WATCH" if "watch=true" in url else method.upper()
+        try:
+            response = await send(method, url, **kwargs)
+        except errors.APIError as err:
+            kopf_requests.labels(verb, str(err.status)).inc()
+            raise
+        except (aiohttp.ClientError, TimeoutError, errors.APISessionClosed):  # no HTTP answer
+            kopf_requests.labels(verb, "error").inc()
+            raise
+        kopf_requests.labels(verb, str(response.status)).inc()
+        return response
+
+    request.savepoint_counted = True  # type: ignore[attr-defined]
+    api.request = request  # type: ignore[assignment]
 
 
 # --- liveness -------------------------------------------------------------------------

@@ -414,6 +414,30 @@ def test_metrics_count_transitions(operator, s1, crds, namespace):
     assert "savepoint_eventlog_conflicts_total " in after
 
 
+def _requests(text: str, client: str, verb: str) -> float:
+    """savepoint_api_requests_total of one client and verb, summed over the codes."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("savepoint_api_requests_total{")
+        and f'client="{client}"' in line
+        and f'verb="{verb}"' in line
+    )
+
+
+def test_kopf_requests_are_counted(operator, s1, crds, namespace):
+    """kopf's own traffic (its lists and watches, its patches of each Checkpoint) counts
+    with client="kopf" beside ours."""
+    before = _scrape(f"{operator.metrics_url}/metrics")
+    make_checkpoint(crds, namespace, "kopf-counted")
+    wait_checkpoint(crds, namespace, "kopf-counted", "Ready")
+    after = _scrape(f"{operator.metrics_url}/metrics")
+    assert _requests(after, "kopf", "GET") > 0, "kopf's initial lists are not counted"
+    assert _requests(after, "kopf", "WATCH") > 0, "kopf's watch streams are not counted"
+    assert _requests(after, "kopf", "PATCH") > _requests(before, "kopf", "PATCH"), "kopf's patches are not counted"
+    assert _requests(after, "operator", "POST") > _requests(before, "operator", "POST")  # ours: the VolumeSnapshot
+
+
 def test_a_checkpoint_pass_reads_nothing_the_watch_handed_it(s1, crds, namespace, operator_process, monkeypatch):
     """A new Checkpoint's first pass starts from the body its create event carried, and
     the pass a VolumeSnapshot event starts uses that snapshot: neither is read again (a

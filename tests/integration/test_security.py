@@ -224,8 +224,9 @@ def test_after_a_restart_sandbox_roles_are_learned_per_namespace_not_per_session
 
     def sent(verb: str) -> float:  # the verb is the HTTP method: a LIST is a GET
         return sum(
-            REGISTRY.get_sample_value("savepoint_api_requests_total", {"verb": verb, "code": code}) or 0
-            for code in ("200", "201", "404")
+            REGISTRY.get_sample_value("savepoint_api_requests_total", {"client": "operator", "verb": verb, "code": c})
+            or 0
+            for c in ("200", "201", "404")
         )
 
     # This test's process plays the restarted operator: nothing remembered yet.
