@@ -216,6 +216,7 @@ class Runtime:
             self.idle_timers.drop(key)
             forget("session", namespace, name)
             heartbeat.forget(namespace, name)
+            sessions.forget_restore(body["metadata"].get("uid", ""))
         else:
             self.resyncs.file(key)
 

@@ -340,6 +340,7 @@ def forget_process_memory(monkeypatch: Any) -> None:
     monkeypatch.setattr(sandbox, "_listed", set())
     monkeypatch.setattr(sandbox, "_listing", {})
     monkeypatch.setattr(session, "_children", {})
+    monkeypatch.setattr(session, "_log_restored", {})
     monkeypatch.setattr(session, "_resume_listings", {})
     cache.clear()
     monkeypatch.setattr(heartbeat, "_beats", {})

@@ -200,7 +200,7 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
 
     from savepoint import controllers
     from savepoint.handlers.checkpoint import checkpoint_event
-    from savepoint.handlers.fork import fork_forget
+    from savepoint.handlers.fork import fork_event
     from savepoint.handlers.session import session_resync_clock
 
     def passes(kind: str, name: str) -> None:
@@ -216,7 +216,8 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
     asyncio.run(checkpoint_event(type="DELETED", body=body, memo=memo))
     asyncio.run(session_resync_clock(type="DELETED", body={"metadata": {"namespace": "ns", "name": "s"}}, memo=memo))
-    asyncio.run(fork_forget(type="DELETED", namespace="ns", name="f"))
+    fork = {"metadata": {"namespace": "ns", "name": "f"}}
+    asyncio.run(fork_event(type="DELETED", body=fork, namespace="ns", name="f"))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
         assert (kind, "ns", name) not in controllers._locks
         assert (kind, "ns", name) not in controllers._done

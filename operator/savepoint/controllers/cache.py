@@ -92,6 +92,8 @@ sessions = Store()
 # Only unsettled Checkpoints: a settled one's pass has nothing to do, and thousands of
 # them would only cost memory.
 checkpoints = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in SETTLED_PHASES)
+# Only unfinished Forks, for the same reason.
+forks = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
 claims = Store()
 pods = Store()
 
@@ -122,6 +124,10 @@ def checkpoint(namespace: str, name: str) -> dict | None:
     return checkpoints.get(namespace, name) or k8s.get_custom("checkpoints", namespace, name)
 
 
+def fork(namespace: str, name: str) -> dict | None:
+    return forks.get(namespace, name) or k8s.get_custom("forks", namespace, name)
+
+
 def claim(namespace: str, name: str) -> dict | None:
     return claims.get(namespace, name) or k8s.get_pvc(namespace, name)
 
@@ -149,6 +155,6 @@ def namespace_meta(namespace: str) -> dict[str, Any]:
 
 def clear() -> None:
     """Forget everything (a test that starts as a fresh process)."""
-    for store in (sessions, checkpoints, claims, pods):
+    for store in (sessions, checkpoints, forks, claims, pods):
         store.clear()
     _namespaces.clear()

@@ -83,7 +83,7 @@ def _ready_condition(body: dict, status: dict) -> list[dict]:
 def _write(body: dict, status: dict, event: tuple[str, str] | None = None, warn: bool = False) -> None:
     if "phase" in status:
         status = {**status, "conditions": _ready_condition(body, status)}
-    write_status("forks", body, status, metrics.fork_transitions, event, warn)
+    cache.forks.put(write_status("forks", body, status, metrics.fork_transitions, event, warn))
 
 
 def _fail(body: dict, err: ForkError) -> None:
@@ -106,7 +106,7 @@ def reconcile_fork(namespace: str, name: str, settings: Settings) -> None:
 
 
 def _reconcile(namespace: str, name: str, settings: Settings) -> None:
-    body = k8s.get_custom("forks", namespace, name)
+    body = cache.fork(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     status = body.get("status") or {}
@@ -246,9 +246,9 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
     namespace = meta["namespace"]
     target_name = spec.target.session_name if spec.target else None
     assert target_name is not None  # the CRD's CEL rule requires it for a Fork
-    target = k8s.get_custom("sessions", namespace, target_name)
+    target = cache.session(namespace, target_name)
     if target is None:
-        source_session = k8s.get_custom("sessions", namespace, plan.source_session)
+        source_session = cache.session(namespace, plan.source_session)
         if source_session is None:
             raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
         new = build_target_session(body, source_session, plan, spec.source.at_event)

@@ -534,6 +534,17 @@ class RestoreError(Exception):
         self.reason = reason
 
 
+# Session uid -> (the status fields of its restore, its claim's data source), from the pass
+# that finished copying its log until the claim is Bound: the passes in between (every
+# child event of a new fork) then read neither the source checkpoint nor either log.
+_log_restored: dict[str, tuple[dict[str, Any], dict | None]] = {}
+
+
+def forget_restore(uid: str) -> None:
+    """A Session deleted before its restored claim was Bound."""
+    _log_restored.pop(uid, None)
+
+
 def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: str) -> dict:
     """Bring disk and log from spec.source: the status fields once the claim is Bound, {}
     before. The log prefix is in place either way, so the Pod may be made at once: it
@@ -546,6 +557,16 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     namespace = meta["namespace"]
     source = spec.source
     assert source is not None
+    done = _log_restored.get(meta["uid"])
+    if done is not None:
+        # The prefix and session.forked are in this log (an earlier pass of this process
+        # saw them land): only the claim is left to wait for.
+        fields, data_source = done
+        pvc = read_claim(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
+        if (pvc.get("status") or {}).get("phase") != "Bound":
+            return {}
+        _log_restored.pop(meta["uid"], None)
+        return fields
     through = (meta.get("annotations") or {}).get(THROUGH_SEQUENCE_ANNOTATION)
     data_source = None
     parent = source.session
@@ -561,7 +582,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
         parent = ckpt["spec"]["sessionName"]
         through = through or str(cstatus.get("throughSequence") or 0)
         data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
-    parent_body = k8s.get_custom("sessions", namespace, parent) if parent else None
+    parent_body = cache.session(namespace, parent) if parent else None
     if parent_body is None:
         raise RestoreError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"source session {parent} not found")
     parent_log = event_log(parent_body)
@@ -583,7 +604,7 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
         )
         meta["annotations"] = {**(meta.get("annotations") or {}), **started}
     # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild.
-    pvc = k8s.get_pvc(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
+    pvc = read_claim(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
     # Log: the parent's prefix, then session.forked, exactly once.
     try:
         cursor = elog.cursor()
@@ -601,19 +622,17 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
             )
     except HistoryUnavailable as err:
         raise RestoreError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
-    if (pvc.get("status") or {}).get("phase") != "Bound":
-        return {}
     restore: dict[str, Any] = {
         "mode": "snapshot" if data_source else "event_log_rebuild",
         "throughSequence": through_seq,
     }
     if source.checkpoint:
         restore["checkpoint"] = source.checkpoint
-    return {
-        "restore": restore,
-        "parentSession": parent,
-        "forkedFromCheckpoint": source.checkpoint,
-    }
+    fields = {"restore": restore, "parentSession": parent, "forkedFromCheckpoint": source.checkpoint}
+    if (pvc.get("status") or {}).get("phase") != "Bound":
+        _log_restored[meta["uid"]] = (fields, data_source)
+        return {}
+    return fields
 
 
 def restore_ms(annotations: dict[str, str], status: dict[str, Any]) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import kopf
 
 from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
+from savepoint.controllers import cache
 from savepoint.models import GROUP, VERSION
 
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
@@ -44,8 +45,11 @@ def _awaited_session(namespace: str, name: str, status: kopf.Status, memo: kopf.
 
 
 @kopf.on.event(GROUP, VERSION, "sessions", id="checkpoint_session_event", when=_awaited_session)
-def checkpoint_session_event(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
+def checkpoint_session_event(
+    type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: object
+) -> None:
     """A Session some checkpoints wait for is no longer Provisioning: admit them now."""
+    cache.sessions.observe(type, dict(body))  # the passes read it: this event's copy, not an older one
     for waiting in memo.runtime.waiting_for(namespace, name):
         memo.runtime.admit_checkpoint((namespace, waiting))
 

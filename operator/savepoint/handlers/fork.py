@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kopf
 
-from savepoint.controllers import forget
+from savepoint.controllers import cache, forget
 from savepoint.models import GROUP, VERSION
 from savepoint.session import SESSION_LABEL
 
@@ -24,6 +24,17 @@ def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object
     """Unfinished forks by the session they wait on (status.targetSession: the fork's new
     session, or the session a rollback swaps), so that session's events move them on."""
     if status.get("phase") in ("Succeeded", "Failed") or not status.get("targetSession"):
+        return None
+    return {(namespace, status["targetSession"]): name}
+
+
+@kopf.index(*FORKS, id="rollbacks_by_session")
+def rollbacks_by_session(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
+    """The unfinished rollbacks among those: only a rollback's steps wait on the Session's
+    Pod and claim (a fork's new Session tells it all through its own status)."""
+    if spec.get("mode") != "Rollback" or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    if not status.get("targetSession"):
         return None
     return {(namespace, status["targetSession"]): name}
 
@@ -51,8 +62,10 @@ def fork_checkpoint_event(
         memo.runtime.fork_pass(namespace, fork_name)
 
 
-@kopf.on.event(*FORKS, id="fork_forget")
-async def fork_forget(type: str | None, namespace: str, name: str, **_: object) -> None:
+@kopf.on.event(*FORKS, id="fork_event")
+async def fork_event(type: str | None, body: kopf.Body, namespace: str, name: str, **_: object) -> None:
+    # Its body for the passes (controllers/cache.py); forgetting it once it is gone.
+    cache.forks.observe(type, dict(body))
     if type == "DELETED":
         forget("fork", namespace, name)
 
@@ -62,12 +75,21 @@ def _awaited_session(namespace: str, name: str, forks_by_session: kopf.Index, **
     return (namespace, name) in forks_by_session
 
 
-def _awaited_child(namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, **_: object) -> bool:
-    return (namespace, labels.get(SESSION_LABEL)) in forks_by_session
+def _awaited_child(namespace: str, labels: dict[str, str], rollbacks_by_session: kopf.Index, **_: object) -> bool:
+    return (namespace, labels.get(SESSION_LABEL)) in rollbacks_by_session
 
 
 @kopf.on.event(*SESSIONS, id="fork_session_event", when=_awaited_session)
-def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, memo: kopf.Memo, **_: object) -> None:
+def fork_session_event(
+    type: str | None,
+    body: kopf.Body,
+    namespace: str,
+    name: str,
+    forks_by_session: kopf.Index,
+    memo: kopf.Memo,
+    **_: object,
+) -> None:
+    cache.sessions.observe(type, dict(body))  # the pass reads it: this event's copy, not an older one
     for fork_name in list(forks_by_session.get((namespace, name), ())):
         memo.runtime.fork_pass(namespace, fork_name)
 
@@ -77,9 +99,9 @@ def fork_session_event(namespace: str, name: str, forks_by_session: kopf.Index, 
     "", "v1", "persistentvolumeclaims", labels={SESSION_LABEL: kopf.PRESENT}, id="fork_claim_event", when=_awaited_child
 )
 def fork_child_event(
-    namespace: str, labels: dict[str, str], forks_by_session: kopf.Index, memo: kopf.Memo, **_: object
+    namespace: str, labels: dict[str, str], rollbacks_by_session: kopf.Index, memo: kopf.Memo, **_: object
 ) -> None:
-    for fork_name in list(forks_by_session.get((namespace, labels[SESSION_LABEL]), ())):
+    for fork_name in list(rollbacks_by_session.get((namespace, labels[SESSION_LABEL]), ())):
         memo.runtime.fork_pass(namespace, fork_name)
 
 
