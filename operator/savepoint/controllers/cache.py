@@ -137,7 +137,8 @@ def pod(namespace: str, name: str) -> dict | None:
 
 
 # Namespace -> (monotonic time read, its metadata): its labels set a Session's Pod
-# Security level, its annotations the log retention and the checkpoint policy; passes
+# Security level and its annotations the log retention (admission reads its checkpoint
+# policy fresh: an annotation set a moment ago applies to the next checkpoint); passes
 # are many and namespaces are not watched.
 _namespaces: dict[str, tuple[float, dict[str, Any]]] = {}
 NAMESPACE_CACHE_SECONDS = 5.0

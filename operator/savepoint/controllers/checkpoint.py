@@ -141,7 +141,8 @@ def _snapshot_class(driver: str | None, wanted: str | None) -> str | None:
 
 def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings):
     """Everything admit() needs, read from the cluster; shared with the webhook."""
-    annotations = cache.namespace_meta(namespace)["annotations"]
+    # Read fresh: a policy annotated a moment ago applies to the next checkpoint.
+    annotations = k8s.get_namespace(namespace)["metadata"].get("annotations")
     policy = policy_from_annotations(annotations, settings.default_checkpoint_ttl)
     session = cache.session(namespace, spec.session_name)
     view = SessionView(exists=False)
