@@ -420,3 +420,39 @@ def test_the_runtime_knows_which_checkpoints_wait_for_which_session():
     runtime.observe_checkpoint("DELETED", {**new, "metadata": {"namespace": "ns", "name": "c2"}})
     assert runtime.waiting_for("ns", "s") == []
     assert runtime.waiting_for("other", "s") == []
+
+
+def test_the_cache_keeps_the_newest_body_without_managed_fields():
+    from savepoint.controllers.cache import Store, newest
+
+    store = Store(keep=lambda body: (body.get("status") or {}).get("phase") != "Ready")
+
+    def body(rv: str, phase: str = "Pending") -> dict:
+        meta = {"namespace": "ns", "name": "c", "resourceVersion": rv, "managedFields": [{"manager": "x"}]}
+        return {"metadata": meta, "status": {"phase": phase}}
+
+    store.observe("ADDED", body("10"))
+    store.put(body("8"))  # an older copy (a late watch event) does not replace a newer one
+    got = store.get("ns", "c")
+    assert got["metadata"]["resourceVersion"] == "10" and "managedFields" not in got["metadata"]
+    got["status"]["phase"] = "changed"  # a copy: the store's own is untouched
+    assert store.get("ns", "c")["status"]["phase"] == "Pending"
+    store.put(body("12", "Ready"))  # settled: no longer kept
+    assert store.get("ns", "c") is None and len(store) == 0
+    store.observe("ADDED", body("13"))
+    store.observe("DELETED", body("14"))
+    assert store.get("ns", "c") is None
+    assert newest(body("3"), None, body("21"))["metadata"]["resourceVersion"] == "21"
+    assert newest(None, None) is None
+
+
+def test_the_cache_is_bounded_dropping_the_least_recently_written():
+    from savepoint.controllers.cache import Store
+
+    store = Store(limit=2)
+    for name in ("a", "b", "c"):
+        store.put({"metadata": {"namespace": "ns", "name": name, "resourceVersion": "1"}})
+    assert store.get("ns", "a") is None and len(store) == 2
+    store.put({"metadata": {"namespace": "ns", "name": "b", "resourceVersion": "2"}})  # b is now the newest
+    store.put({"metadata": {"namespace": "ns", "name": "d", "resourceVersion": "1"}})
+    assert store.get("ns", "c") is None and store.get("ns", "b") is not None

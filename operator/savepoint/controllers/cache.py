@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,12 +40,19 @@ def newest(*bodies: dict | None) -> dict | None:
     return max(present, key=_version) if present else None
 
 
+# Bodies kept per kind, the least recently written dropped first: a pass that misses reads
+# the API server. About 14 KiB of heap per Pod body: 2,000 Sessions with their Pods and
+# claims would otherwise add about 60 MiB to an operator that rests at 250 MiB.
+STORE_LIMIT = 1000
+
+
 class Store:
     """Bodies of one kind by (namespace, name), the newest resourceVersion kept."""
 
-    def __init__(self, keep: Callable[[dict], bool] = lambda body: True) -> None:
+    def __init__(self, keep: Callable[[dict], bool] = lambda body: True, limit: int = STORE_LIMIT) -> None:
         self._keep = keep
-        self._bodies: dict[Key, dict] = {}
+        self._limit = limit
+        self._bodies: OrderedDict[Key, dict] = OrderedDict()
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, body: dict) -> None:
@@ -57,16 +65,24 @@ class Store:
         self.put(body)
 
     def put(self, body: dict | None) -> None:
-        """Our own write's answer, or a watch event's body: kept unless an newer one is."""
+        """Our own write's answer, or a watch event's body: kept unless a newer one is
+        (without managedFields, the largest part of a body, which no pass reads)."""
         if not body or not body.get("metadata", {}).get("name"):
             return
+        if "managedFields" in body["metadata"]:
+            body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         with self._lock:
             old = self._bodies.get(key)
-            if old is None or _version(body) >= _version(old):
-                self._bodies[key] = body if self._keep(body) else {}
-                if not self._bodies[key]:
-                    del self._bodies[key]
+            if old is not None and _version(body) < _version(old):
+                return
+            if not self._keep(body):
+                self._bodies.pop(key, None)
+                return
+            self._bodies[key] = body
+            self._bodies.move_to_end(key)
+            while len(self._bodies) > self._limit:
+                self._bodies.popitem(last=False)
 
     def get(self, namespace: str, name: str) -> dict | None:
         """A copy of the newest body seen, or None."""
