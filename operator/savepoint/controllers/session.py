@@ -234,9 +234,6 @@ def _reconcile(
     elog = event_log(body)
     if not (old_status.get("eventLog") or {}).get("chunks"):
         elog.ensure()  # afterwards the log's own reads notice a chunk gone missing
-    # Before the Pod, which runs as this account. The chunk count is a lower bound of the
-    # newest chunk's index; the pass's end widens the Role from the real listing.
-    sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
     if not old_status.get("podName"):
@@ -256,6 +253,10 @@ def _reconcile(
         extra.update(restored)
     elif "restore" not in old_status:
         extra["restore"] = {"mode": "fresh"}
+    # Before the Pod, which runs as this account (after a restore's claim: the snapshot's
+    # restore is the longest step, so it starts first). The chunk count is a lower bound
+    # of the newest chunk's index; the pass's end widens the Role from the real listing.
+    sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
     if annotations.get(RESTORING_ANNOTATION):
         hold = (Reason.ROLLING_BACK, f"rolling back ({annotations[RESTORING_ANNOTATION]})")
 
