@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from savepoint import k8s, memory, metrics, peering
+from savepoint.checkpoint import snapshot_name
 from savepoint.config import Settings
 from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heartbeat
 from savepoint.controllers import session as sessions
@@ -106,7 +107,7 @@ class Runtime:
         elif key not in self.admissions:
             self.admissions.file(key)
 
-    def _admission_pass(self, key: Key, seen: dict | str | None) -> None:
+    def _admission_pass(self, key: Key, seen: dict | str | tuple[str, str] | None) -> None:
         # Filed while this replica was active. Asked afresh only when the expiry loop's last
         # look says standby: a replica that has just taken over must not drop it.
         if not peering.last_known(self.settings) and not peering.is_active(self.settings):
@@ -114,6 +115,8 @@ class Runtime:
         with count_errors("checkpoint"):
             if isinstance(seen, str):  # RELEASE
                 checkpoint.release(*key)
+            elif isinstance(seen, tuple):  # (its snapshot, its uid): the Checkpoint is gone
+                checkpoint.drop_snapshot(key[0], *seen)
             else:
                 checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
 
@@ -129,7 +132,11 @@ class Runtime:
         meta = body["metadata"]
         key = (meta.get("namespace", ""), meta["name"])
         phase = (body.get("status") or {}).get("phase")
-        if meta.get("deletionTimestamp"):
+        if event_type == "DELETED":
+            # Its snapshot goes now, on an admission thread (the garbage collector would too).
+            vs_name = (body.get("status") or {}).get("volumeSnapshotName") or snapshot_name(meta["name"])
+            self.admissions.file(key, (vs_name, meta.get("uid")))
+        elif meta.get("deletionTimestamp"):
             if checkpoint.KOPF_FINALIZER in (meta.get("finalizers") or ()):
                 self.admissions.file(key, RELEASE)  # a finalizer from before the garbage collector did it
         elif event_type in (None, "ADDED") and phase not in checkpoint.SETTLED:

@@ -426,16 +426,19 @@ def _requests(text: str, client: str, verb: str) -> float:
 
 
 def test_kopf_requests_are_counted(operator, s1, crds, namespace):
-    """kopf's own traffic (its lists and watches, its patches of each Checkpoint) counts
-    with client="kopf" beside ours."""
+    """kopf's own traffic (its lists and watches, its bookkeeping patch on a new Session)
+    counts with client="kopf" beside ours."""
     before = _scrape(f"{operator.metrics_url}/metrics")
     make_checkpoint(crds, namespace, "kopf-counted")
     wait_checkpoint(crds, namespace, "kopf-counted", "Ready")
+    middle = _scrape(f"{operator.metrics_url}/metrics")
+    make_session(crds, namespace, "kopf-s2")
+    wait_phase(crds, namespace, "kopf-s2", "Ready", timeout=90)
     after = _scrape(f"{operator.metrics_url}/metrics")
     assert _requests(after, "kopf", "GET") > 0, "kopf's initial lists are not counted"
     assert _requests(after, "kopf", "WATCH") > 0, "kopf's watch streams are not counted"
-    assert _requests(after, "kopf", "PATCH") > _requests(before, "kopf", "PATCH"), "kopf's patches are not counted"
-    assert _requests(after, "operator", "POST") > _requests(before, "operator", "POST")  # ours: the VolumeSnapshot
+    assert _requests(after, "kopf", "PATCH") > _requests(middle, "kopf", "PATCH"), "kopf's patches are not counted"
+    assert _requests(middle, "operator", "POST") > _requests(before, "operator", "POST")  # ours: the VolumeSnapshot
 
 
 def test_a_checkpoint_pass_reads_nothing_the_watch_handed_it(s1, crds, namespace, operator_process, monkeypatch):

@@ -291,3 +291,21 @@ def test_a_checkpoint_deleted_with_kopfs_old_finalizer_is_released(api):
     writes = len(api.writes())
     release(NS, "cp")  # released already: nothing more to do
     assert len(api.writes()) == writes
+
+
+def test_a_gone_checkpoints_snapshot_is_deleted_only_if_it_was_that_checkpoints(api):
+    """Its DELETED event asks for its snapshot's deletion at once (not waiting for the
+    garbage collector), but never for a snapshot of the same name owned by a newer
+    Checkpoint of that name."""
+    from savepoint.controllers.checkpoint import drop_snapshot
+
+    def snapshot(owner_uid: str) -> dict:
+        refs = [{"apiVersion": API_VERSION, "kind": "Checkpoint", "name": "cp", "uid": owner_uid}]
+        return {"metadata": {"name": "sp-cp", "namespace": NS, "ownerReferences": refs}}
+
+    api.add("volumesnapshots", snapshot("uid-new"))
+    drop_snapshot(NS, "sp-cp", "uid-old")
+    assert api.names("volumesnapshots") == ["sp-cp"]
+    drop_snapshot(NS, "sp-cp", "uid-new")
+    assert api.names("volumesnapshots") == []
+    drop_snapshot(NS, "sp-cp", "uid-new")  # gone already: nothing to do

@@ -91,6 +91,8 @@ def reconcile_checkpoint(
 def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None) -> None:
     fresh = seen is not None and not has_run("checkpoint", namespace, name)
     body = copy.deepcopy(seen) if fresh else cache.checkpoint(namespace, name)
+    if body is None and snapshot is not None:
+        drop_snapshot(namespace, snapshot["metadata"]["name"], owned=snapshot)  # made by a late pass
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     if waiting(body):
@@ -407,6 +409,13 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         # The Session's own pass, woken by this append, sets status.latestCheckpoint from the log.
     ready_at = _now()
     snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
+    log.info(
+        "checkpoint %s/%s is Ready (VolumeSnapshot %s, %d ms)",
+        meta["namespace"],
+        meta["name"],
+        status.get("volumeSnapshotName"),
+        snapshot_ms,
+    )
     metrics.checkpoint_seconds.observe(snapshot_ms / 1000)
     write_status(
         body,
@@ -430,6 +439,19 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
 
 
 # --- deletion ---------------------------------------------------------------------------
+
+
+def drop_snapshot(namespace: str, vs_name: str, owner_uid: str | None = None, owned: dict | None = None) -> None:
+    """Ask for the deletion of a VolumeSnapshot whose Checkpoint is gone (its DELETED event,
+    or a snapshot a late pass made after it went), when it is that Checkpoint's (an owner
+    whose uid is `owner_uid`; any Checkpoint owner for `owned`, whose Checkpoint is gone).
+    The garbage collector would delete it too: this is sooner, and does not depend on it."""
+    snapshot = owned or k8s.get_volume_snapshot(namespace, vs_name)
+    if snapshot is None:
+        return
+    refs = [r for r in snapshot["metadata"].get("ownerReferences") or [] if r.get("kind") == "Checkpoint"]
+    if refs and (owner_uid is None or any(r.get("uid") == owner_uid for r in refs)):
+        k8s.request_volume_snapshot_deletion(namespace, vs_name)
 
 
 def release(namespace: str, name: str) -> None:
