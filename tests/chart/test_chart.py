@@ -163,7 +163,7 @@ def test_two_replicas_with_peering(default):
 
 def test_the_chart_sets_only_settings_the_operator_reads(default):
     config = (REPO / "operator" / "savepoint" / "config.py").read_text()
-    read = {f"SAVEPOINT_{name}" for name in re.findall(r'_(?:env|bool)\("([A-Z_]+)"', config)}
+    read = {f"SAVEPOINT_{name}" for name in re.findall(r'_(?:env|bool|int|float|duration|level)\("([A-Z_]+)"', config)}
     assert set(env(default)) <= read, set(env(default)) - read
     assert env(default)["SAVEPOINT_DEFAULT_CHECKPOINT_TTL"] == "30d"
     assert env(default)["SAVEPOINT_WEBHOOK"] == "false"
