@@ -5,6 +5,7 @@ from __future__ import annotations
 import kopf
 
 from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
+from savepoint.constants import RECLAIM_LABEL
 from savepoint.controllers import cache
 from savepoint.models import GROUP, VERSION
 
@@ -63,3 +64,19 @@ async def checkpoint_event(type: str | None, body: kopf.Body, memo: kopf.Memo, *
     # In the event loop, not a worker thread: it only files keys and times in memory (a
     # new or listed unsettled one for an admission thread, runtime.py).
     memo.runtime.observe_checkpoint(type, dict(body))
+
+
+def _reclaim_settled(type: str | None, labels: dict[str, str], status: kopf.Status, **_: object) -> bool:
+    return (
+        type == "MODIFIED"
+        and labels.get(RECLAIM_LABEL) == "true"
+        and status.get("phase") in ("Ready", "Failed", "Rejected")
+    )
+
+
+@kopf.on.event(*CHECKPOINTS, id="checkpoint_reclaim_event", when=_reclaim_settled)
+def checkpoint_reclaim_event(namespace: str, spec: kopf.Spec, memo: kopf.Memo, **_: object) -> None:
+    """A paused Session's reclaim checkpoint is settled: its pass deletes (or keeps) the claim
+    now. Its checkpoint.created event comes a moment before the Ready status, so the pass
+    that event starts may find it still Pending, and nothing else would bring one soon."""
+    memo.runtime.session_pass(namespace, spec["sessionName"])
