@@ -12,8 +12,9 @@ import sys
 
 import kopf
 
-from savepoint import k8s, memory, metrics, peering
+from savepoint import eventlog, k8s, memory, metrics, peering
 from savepoint.config import load
+from savepoint.controllers import cache
 from savepoint.errors import SettingsError
 from savepoint.runtime import Runtime
 
@@ -54,6 +55,7 @@ def main() -> None:
     runtime = Runtime(settings)
 
     metrics.observe_eventlog()
+    eventlog.on_chunk = cache.chunks.put  # our own chunk reads and writes, for the passes (controllers/logview.py)
     metrics.count_kopf_requests()
     metrics.serve(settings.metrics_port)
     runtime.start()

@@ -26,10 +26,8 @@ from savepoint.constants import (
     SNAPSHOT_VERSION,
 )
 
-# Re-exported for the handlers and controllers that read them here. The snapshot watch
-# selects only snapshots without SETTLED_LABEL, so a restart need not list every one.
+# Re-exported for the handlers and controllers that read it here.
 from savepoint.constants import AUTOMATIC_LABEL as AUTOMATIC_LABEL
-from savepoint.constants import SETTLED_LABEL as SETTLED_LABEL
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
@@ -301,6 +299,21 @@ class SnapshotState:
     ready: bool
     error: str | None
     restore_size: str | None
+
+
+def moves_checkpoint(event_type: str | None, snapshot: dict[str, Any]) -> str | None:
+    """The Checkpoint a VolumeSnapshot's watch event moves on, or None. Only a ready or
+    failed snapshot does: the snapshotter's many intermediate updates would each cost a
+    pass that finds nothing to do (the pending poll keeps the timeout's clock). Not one
+    being deleted (expiry, or its Checkpoint going)."""
+    meta = snapshot.get("metadata") or {}
+    if event_type not in ("ADDED", "MODIFIED") or meta.get("deletionTimestamp"):
+        return None
+    state = snapshot_state(snapshot)
+    if not (state.ready or state.error is not None):
+        return None
+    # The label holds a hashed name when the checkpoint's is longer than a label value may be.
+    return (meta.get("annotations") or {}).get(CHECKPOINT_LABEL) or (meta.get("labels") or {}).get(CHECKPOINT_LABEL)
 
 
 def snapshot_state(snapshot: dict[str, Any] | None) -> SnapshotState:

@@ -30,8 +30,6 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "savepoint"
 # On a VolumeSnapshot: its Checkpoint's name (hashed when longer than a label value).
 CHECKPOINT_LABEL = "savepoint.dev/checkpoint"
-# On the VolumeSnapshot of a settled (Ready) checkpoint: it leaves the snapshot watch.
-SETTLED_LABEL = "savepoint.dev/settled"
 # On a Checkpoint taken by checkpointPolicy.afterEachRun, with the run.completed sequence.
 AUTOMATIC_LABEL = "savepoint.dev/automatic"
 RUN_SEQ_LABEL = "savepoint.dev/run-seq"

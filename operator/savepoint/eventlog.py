@@ -57,6 +57,7 @@ __all__ = [
     "TOMBSTONE_KEY",
     "Cursor",
     "Event",
+    "Seeded",
     "EventLog",
     "effective_history",
     "summarize",
@@ -96,6 +97,9 @@ on_append: Callable[[Event], None] | None = None
 on_conflict: Callable[[], None] | None = None
 # Called by apply_retention for each chunk it deletes, with its name and its data's bytes.
 on_retention: Callable[[str, int], None] | None = None
+# Called with each chunk this process reads by name or writes, as the API server answered
+# (a ConfigMap): the operator keeps the newest chunk of each log from its watch and these.
+on_chunk: Callable[[dict[str, Any]], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -181,6 +185,16 @@ def _event_from_obj(obj: Any) -> Event:
     if subject is not None and not isinstance(subject, str):
         raise ValueError("subject must be a string")
     raise ValueError("not an event")  # a subclass of str or dict: not what we write
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """A chunk given to EventLog.seed: where it is in the log, and its events."""
+
+    index: int
+    first_seq: int
+    sealed: bool
+    events: list[Event]
 
 
 @dataclass(frozen=True)
@@ -420,6 +434,10 @@ class _Conflict(Exception):
     """409: the chunk changed under us (update) or someone created it first (create)."""
 
 
+class _Stale(Exception):
+    """A write against a seeded chunk (EventLog.seed) did not land as it was: read afresh."""
+
+
 class _Ambiguous(Exception):
     """The request may or may not have been applied (timeout, 5xx, dropped connection)."""
 
@@ -531,6 +549,46 @@ class EventLog:
             if err.status != 409:  # AlreadyExists: someone else ensured it
                 raise
 
+    def seed(self, chunk: dict[str, Any] | None) -> Seeded | None:
+        """Take `chunk` (a ConfigMap a watch delivered) as the newest chunk, instead of
+        reading it: the next append_once writes against it, one request instead of two.
+        Returns where it is and its events, or None when it is not this log's or does not parse.
+
+        A stale chunk costs a conflict, not an event: every write is conditional on its
+        resourceVersion, and append_once reads afresh after a write against a seed fails.
+        """
+        if not chunk:
+            return None
+        found = self._name_re.fullmatch(chunk.get("metadata", {}).get("name", ""))
+        if found is None:
+            return None
+        try:
+            tail = _parse_chunk(chunk, int(found.group(1)))
+            events = tail.events(tail.first_seq, tail.last_seq)
+        except MalformedChunk:
+            return None
+        with self._lock:
+            self._tail, self._hint = tail, tail.index
+        return Seeded(tail.index, tail.first_seq, tail.sealed, events)
+
+    def load_newest(self, hint: int | None = None) -> Seeded | None:
+        """The newest chunk read afresh (from index `hint` on, a lower bound of it, when
+        given), kept for a following append like a seed; None when the log has no chunk."""
+        with self._lock:
+            if hint:
+                self._hint = hint
+            tail = self._load_tail()
+            self._tail = tail
+        if tail is None:
+            return None
+        return Seeded(tail.index, tail.first_seq, tail.sealed, tail.events(tail.first_seq, tail.last_seq))
+
+    @property
+    def newest_first_seq(self) -> int | None:
+        """The first seq of the newest chunk as last read or written (None: not known)."""
+        tail = self._tail
+        return tail.first_seq if tail is not None else None
+
     def append(self, type: str, data: dict[str, Any], subject: str | None = None) -> Event:
         """Append one event and return it with its seq and id."""
         return self._write([self._draft(type, data, subject)])[0]
@@ -552,7 +610,8 @@ class EventLog:
         with self._lock:
             if self._hint is None and newest_hint:
                 self._hint = newest_hint
-            tail = self._load_tail()
+            seeded = self._tail is not None and not self._tail.sealed
+            tail = self._tail if seeded else self._load_tail()
             self._tail = tail
         if tail is not None and tail.first_seq <= after + 1:
             if tail.last_seq > after:
@@ -562,7 +621,16 @@ class EventLog:
             found = self.read(from_seq=max(1, after + 1), partial=True)
         if any(same(event) for event in found):
             return None
-        return self.append(type, data)
+        if not seeded:
+            return self.append(type, data)
+        try:
+            return self._write([self._draft(type, data)], once=True)[0]
+        except _Stale:
+            # The seed was not the newest chunk (or the write's outcome is unknown): look
+            # again in a fresh read, which shows an event that did land.
+            with self._lock:
+                self._tail = None
+            return self.append_once(type, data, after=after, same=same)
 
     def append_many(
         self, items: Iterable[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], str | None]]
@@ -817,7 +885,7 @@ class EventLog:
             used += size
         return batch
 
-    def _write(self, pending: list[_Draft]) -> list[Event]:
+    def _write(self, pending: list[_Draft], once: bool = False) -> list[Event]:
         written: list[Event] = []
         failures = 0
         # Writes whose outcome we never heard (timeout, 5xx): (chunk index, batch). Each
@@ -867,6 +935,10 @@ class EventLog:
                         raise
                     failures += 1
                     self._tail = None
+                    if once:
+                        if isinstance(kind, _Conflict):
+                            self._count_conflict()
+                        raise _Stale() from err
                     if isinstance(kind, _Conflict):
                         self._count_conflict()
                     elif isinstance(kind, _Gone):
@@ -1104,7 +1176,7 @@ class EventLog:
             if err.status == 404:
                 return None
             raise
-        return _parse_chunk(json.loads(resp.data), index)
+        return self._parsed(json.loads(resp.data), index)
 
     def _create(self, index: int, first_seq: int, events: list[Event]) -> _Chunk:
         metadata: dict[str, Any] = {
@@ -1127,7 +1199,7 @@ class EventLog:
             _preload_content=False,
             _request_timeout=self.request_timeout,
         )
-        return _parse_chunk(json.loads(resp.data), index)
+        return self._parsed(json.loads(resp.data), index)
 
     def _patch(self, chunk: _Chunk, patch: dict[str, Any]) -> _Chunk:
         # A merge patch carrying metadata.resourceVersion is applied only if the object
@@ -1142,7 +1214,14 @@ class EventLog:
             _preload_content=False,
             _request_timeout=self.request_timeout,
         )
-        return _parse_chunk(json.loads(resp.data), chunk.index)
+        return self._parsed(json.loads(resp.data), chunk.index)
+
+    @staticmethod
+    def _parsed(obj: dict[str, Any], index: int) -> _Chunk:
+        chunk = _parse_chunk(obj, index)
+        if on_chunk is not None:
+            on_chunk(obj)
+        return chunk
 
     def _delete_chunk(self, name: str) -> None:
         try:

@@ -17,8 +17,8 @@ from typing import Any
 
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Event, parse_time
+from savepoint.logdigest import Digest
 from savepoint.models import IdlePolicy, SessionPhase
-from savepoint.session import activity
 
 # Reasons of the Idle condition and of the Events the operator posts.
 IDLE_PAUSED = "IdlePaused"
@@ -33,13 +33,13 @@ def is_paused(state: dict[str, Any] | None, generation: int | None) -> bool:
     return bool(state.get("paused")) and state.get("generation") == generation
 
 
-def pause_deadline(policy: IdlePolicy, events: Sequence[Event], active_since: datetime | None) -> datetime | None:
+def pause_deadline(policy: IdlePolicy, log: Digest, active_since: datetime | None) -> datetime | None:
     """When the session has been idle for policy.pauseAfter: pauseAfter after the newer of
     its newest event and `active_since` (when it last became Ready, or was woken). None
     while a run is in flight or an approval is pending: those never pause."""
-    if activity(events) != SessionPhase.READY:
+    if log.activity() != SessionPhase.READY:
         return None
-    moments = [m for m in (active_since, parse_time(events[-1].time) if events else None) if m is not None]
+    moments = [m for m in (active_since, parse_time(log.last_time) if log.last_time else None) if m is not None]
     if not moments:
         return None
     return max(moments) + parse_duration(policy.pause_after)
@@ -54,12 +54,11 @@ class Wake:
     time: str
 
 
-def waking_event(policy: IdlePolicy | None, events: Sequence[Event], through_sequence: int) -> Wake | None:
+def waking_event(policy: IdlePolicy | None, log: Digest, newer: Sequence[Event]) -> Wake | None:
     """The first event after the pause that wakes the session, if any: one of
     policy.wakeOnTypes, when policy.wakeOnEvent. Whatever the policy, a rollback wakes it
     (its Fork waits for the session to come back on the restored disk), and so does a run
     or an approval opened after the pause (its harness needs the sandbox)."""
-    newer = [e for e in events if e.seq > through_sequence]
     if not newer:
         return None
     if policy is not None and policy.wake_on_event:
@@ -69,18 +68,18 @@ def waking_event(policy: IdlePolicy | None, events: Sequence[Event], through_seq
     for event in newer:
         if event.type == "session.rollback":
             return Wake(event.seq, event.type, event.time)
-    if activity(events) != SessionPhase.READY:
+    if log.activity() != SessionPhase.READY:
         opened = next((e for e in newer if e.type in ("run.started", "agent.approval_request")), newer[-1])
         return Wake(opened.seq, opened.type, opened.time)
     return None
 
 
-def paused_state(events: Sequence[Event], generation: int | None, now: str) -> dict[str, Any]:
+def paused_state(log: Digest, generation: int | None, now: str) -> dict[str, Any]:
     """status.idle as the operator pauses the session now."""
     return {
         "paused": True,
         "pausedAt": now,
-        "throughSequence": events[-1].seq if events else 0,
+        "throughSequence": log.through,
         "generation": generation,
         "wokenBySequence": None,
         "wokenByType": None,

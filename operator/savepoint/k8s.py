@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, cast
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from savepoint import metrics
 from savepoint.config import Settings
@@ -413,14 +414,52 @@ def ensure_volume_snapshot(body: dict) -> dict:
     return made if made is not None else (get_volume_snapshot(ns, name) or body)
 
 
-def label_volume_snapshot(namespace: str, name: str, labels: dict[str, str]) -> None:
-    """Merge labels into a VolumeSnapshot (gone already is fine)."""
-    call(
-        lambda: custom().patch_namespaced_custom_object(
-            SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", name, {"metadata": {"labels": labels}}
-        ),
-        absent=None,
+class Expired(Exception):
+    """A watch's resourceVersion is older than the API server keeps (410 Gone)."""
+
+
+def _snapshots(namespace: str | None, **kwargs: Any) -> Any:
+    api = custom()
+    if namespace is None:
+        return api.list_cluster_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, "volumesnapshots", **kwargs)
+    return api.list_namespaced_custom_object(SNAPSHOT_GROUP, SNAPSHOT_VERSION, namespace, "volumesnapshots", **kwargs)
+
+
+def volume_snapshots_version(namespace: str | None, selector: str) -> str:
+    """The resourceVersion of the VolumeSnapshots as they are now (a listing of one): a
+    watch from it sees every change after now, and none of what is already there."""
+    answer = _raw(_snapshots(namespace, label_selector=selector, limit=1, _preload_content=False))
+    return str(answer["metadata"]["resourceVersion"])
+
+
+def watch_volume_snapshots(
+    namespace: str | None, resource_version: str, selector: str, timeout: int = 300
+) -> Iterator[tuple[str, dict]]:
+    """(type, object) of each change to the selected VolumeSnapshots after resource_version,
+    BOOKMARKs included, until the API server ends the stream; Expired for a 410."""
+    response = _snapshots(
+        namespace,
+        label_selector=selector,
+        resource_version=resource_version,
+        allow_watch_bookmarks=True,
+        timeout_seconds=timeout,
+        watch=True,
+        _preload_content=False,
+        _request_timeout=(10, timeout + 30),
     )
+    try:
+        for line in iter_resp_lines(response):
+            if not line:
+                continue
+            event = json.loads(line)
+            if event["type"] == "ERROR":
+                if event["object"].get("code") == 410:
+                    raise Expired(event["object"].get("message", ""))
+                raise ApiException(status=event["object"].get("code"), reason=event["object"].get("message"))
+            yield event["type"], event["object"]
+    finally:
+        response.close()
+        response.release_conn()
 
 
 def request_volume_snapshot_deletion(namespace: str, name: str) -> None:

@@ -354,6 +354,12 @@ class CheckpointPhase(StrEnum):
     EXPIRED = "Expired"
 
 
+# Phases a Checkpoint's pass has nothing to do for (expiry is the expiry loop's job).
+SETTLED_CHECKPOINT_PHASES = frozenset(
+    {CheckpointPhase.READY, CheckpointPhase.FAILED, CheckpointPhase.REJECTED, CheckpointPhase.EXPIRED}
+)
+
+
 class ResumeKind(StrEnum):
     SNAPSHOT = "snapshot"
     EVENT_LOG = "event_log"
@@ -434,6 +440,10 @@ class ForkPhase(StrEnum):
     RESTORING = "Restoring"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+
+
+# Phases a Fork ends in.
+FINISHED_FORK_PHASES = frozenset({ForkPhase.SUCCEEDED, ForkPhase.FAILED})
 
 
 class ForkSource(SessionSource):

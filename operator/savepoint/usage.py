@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from savepoint.constants import HEARTBEAT_KEY, HEARTBEAT_SUFFIX, SESSION_LABEL
 from savepoint.eventlog import (
@@ -66,7 +66,14 @@ def nearest_rank(values: Sequence[int], fraction: float) -> int | None:
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
 
 
-def _take(open_: dict[str | None, list[Event]], ident: str | None) -> Event | None:
+class Opened(NamedTuple):
+    """An open run or approval request: what matching it and timing it need."""
+
+    seq: int
+    time: str
+
+
+def _take(open_: dict[str | None, list[Opened]], ident: str | None) -> Opened | None:
     """The opening event an answer closes: same id, else the oldest without an id, else
     (for an answer without an id) the oldest open one: summarize()'s matching."""
     key: str | None
@@ -79,10 +86,10 @@ def _take(open_: dict[str | None, list[Event]], ident: str | None) -> Event | No
     else:
         return None
     queue = open_[key]
-    event = queue.pop(0)
+    opened = queue.pop(0)
     if not queue:
         del open_[key]  # only open ones stay: the search above is over what is open
-    return event
+    return opened
 
 
 def _ident(data: dict[str, Any], key: str) -> str | None:
@@ -105,8 +112,8 @@ def derive_usage(events: Sequence[Event]) -> dict[str, Any]:
     - tokens {input, output, total} and llmCalls: the sums of data.usage.inputTokens,
       outputTokens and llmCalls (1 when a usage object omits it) on any event.
     """
-    runs_open: dict[str | None, list[Event]] = {}
-    asks_open: dict[str | None, list[Event]] = {}
+    runs_open: dict[str | None, list[Opened]] = {}
+    asks_open: dict[str | None, list[Opened]] = {}
     completed: set[str] = set()
     runs = interrupts = requested = approved = denied = wait_ms = 0
     durations: list[int] = []
@@ -114,7 +121,7 @@ def derive_usage(events: Sequence[Event]) -> dict[str, Any]:
     for event in own_events(events):
         kind, data = event.type, event.data
         if kind == RUN_STARTED:
-            runs_open.setdefault(_ident(data, "runId"), []).append(event)
+            runs_open.setdefault(_ident(data, "runId"), []).append(Opened(event.seq, event.time))
         elif kind == RUN_COMPLETED:
             run_id = _ident(data, "runId")
             if run_id is None or run_id not in completed:
@@ -128,7 +135,7 @@ def derive_usage(events: Sequence[Event]) -> dict[str, Any]:
             interrupts += 1
         elif kind == APPROVAL_REQUEST:
             requested += 1
-            asks_open.setdefault(_ident(data, "requestId"), []).append(event)
+            asks_open.setdefault(_ident(data, "requestId"), []).append(Opened(event.seq, event.time))
         elif kind == APPROVAL:
             answer = data.get("approved")
             if answer is True:
@@ -269,6 +276,7 @@ def arrival(sample: dict[str, Any], now: float, listed: bool) -> float:
 
 __all__ = [
     "HeartbeatSeen",
+    "Opened",
     "arrival",
     "count_pauses",
     "derive_usage",

@@ -239,9 +239,6 @@ class FakeAPI:
             "delete_custom": lambda plural, ns, name: call(lambda: self.delete(plural, ns, name), absent=None),
             "get_volume_snapshot": lambda ns, name: call(lambda: self.read("volumesnapshots", ns, name), absent=None),
             "ensure_volume_snapshot": lambda body: self._ensure("volumesnapshots", body),
-            "label_volume_snapshot": lambda ns, name, labels: call(
-                lambda: self.patch("volumesnapshots", ns, name, {"metadata": {"labels": labels}}), absent=None
-            ),
             "request_volume_snapshot_deletion": lambda ns, name: call(
                 lambda: self.delete("volumesnapshots", ns, name), absent=None
             ),

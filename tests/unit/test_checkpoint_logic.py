@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from savepoint.checkpoint import (
+    CHECKPOINT_LABEL,
     MAX_TTL,
     Policy,
     PolicyError,
@@ -17,6 +18,7 @@ from savepoint.checkpoint import (
     Wait,
     admit,
     effective_ttl,
+    moves_checkpoint,
     parse_quantity,
     pick_snapshot_class,
     policy_from_annotations,
@@ -169,3 +171,29 @@ def test_snapshot_name_is_deterministic_and_fits_a_name():
     assert snapshot_name(long) != snapshot_name("c" * 199)
     # A cut that ends in "." would make "x.-<digest>", which is not a valid name.
     assert ".-" not in snapshot_name("a" * 48 + "." + "b" * 100)
+
+
+def snapshot(ready: bool = False, error: str | None = None, deleting: bool = False, name: str = "c1") -> dict:
+    meta: dict = {"name": f"sp-{name}", "annotations": {CHECKPOINT_LABEL: name}, "labels": {CHECKPOINT_LABEL: name}}
+    if deleting:
+        meta["deletionTimestamp"] = "2030-01-01T00:00:00Z"
+    status: dict = {"readyToUse": ready}
+    if error:
+        status["error"] = {"message": error}
+    return {"metadata": meta, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("event_type", "body", "moved"),
+    [
+        ("MODIFIED", snapshot(ready=True), "c1"),
+        ("ADDED", snapshot(error="no space"), "c1"),
+        ("MODIFIED", snapshot(), None),  # the snapshotter's intermediate updates
+        ("MODIFIED", snapshot(ready=True, deleting=True), None),  # expiry deletes it
+        ("DELETED", snapshot(ready=True), None),
+        ("BOOKMARK", {"metadata": {"resourceVersion": "9"}}, None),
+        ("MODIFIED", snapshot(ready=True, name="x" * 80), "x" * 80),  # the annotation holds the whole name
+    ],
+)
+def test_a_snapshot_event_moves_its_checkpoint_only_once_it_is_settled(event_type, body, moved):
+    assert moves_checkpoint(event_type, body) == moved

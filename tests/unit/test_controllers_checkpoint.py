@@ -11,6 +11,7 @@ from kubernetes.client.exceptions import ApiException
 from savepoint.checkpoint import rfc3339, snapshot_name
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, SESSION_LABEL
+from savepoint.controllers import cache
 from savepoint.controllers.checkpoint import reconcile_checkpoint
 from savepoint.eventlog import EventLog
 from tests.unit.fake_api import FakeAPI, Request
@@ -178,12 +179,32 @@ def test_snapshot_ready_makes_the_checkpoint_ready_and_logs_it_once(api):
     reconcile_checkpoint(NS, "cp", SETTINGS)
     got = status(api)
     assert (got["phase"], got["restoreSize"]) == ("Ready", "1Gi")
-    assert api.get("volumesnapshots", NS, "sp-cp")["metadata"]["labels"]["savepoint.dev/settled"] == "true"
     # A retried pass over a Ready-but-not-yet-written checkpoint must not append again.
     api.patch("checkpoints", NS, "cp", {"status": {"phase": "Pending"}}, status=True)
     reconcile_checkpoint(NS, "cp", SETTINGS)
     assert log_types(api) == ["message", "checkpoint.created"]
     assert status(api)["phase"] == "Ready"
+
+
+def test_with_the_watched_newest_chunk_ready_costs_one_log_write_and_one_status_write(api):
+    """The chunk watch's copy of the newest chunk (controllers/cache.py) is what the append
+    writes against: no read of the log, no Event, no label on the snapshot."""
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    _ready_snapshot(api)
+    cache.chunks.observe("MODIFIED", api.get("configmaps", NS, "s-log-000001"))
+    api.requests.clear()
+    try:
+        reconcile_checkpoint(NS, "cp", SETTINGS)
+    finally:
+        cache.clear()
+    assert [(r.verb, r.kind) for r in api.requests if r.kind != "checkpoints" or r.verb != "get"] == [
+        ("get", "volumesnapshots"),
+        ("patch", "configmaps"),
+        ("patch_status", "checkpoints"),
+    ]
+    assert log_types(api) == ["message", "checkpoint.created"]
 
 
 def test_a_snapshot_error_fails_the_checkpoint_and_asks_to_delete_the_snapshot(api):
@@ -309,3 +330,24 @@ def test_a_gone_checkpoints_snapshot_is_deleted_only_if_it_was_that_checkpoints(
     drop_snapshot(NS, "sp-cp", "uid-new")
     assert api.names("volumesnapshots") == []
     drop_snapshot(NS, "sp-cp", "uid-new")  # gone already: nothing to do
+
+
+def test_one_namespace_read_serves_every_checkpoint_that_arrived_before_it(api):
+    """The checkpoint policy is read after the Checkpoint arrived, so an annotation set before
+    it was made applies; one read serves all that arrived before that read started."""
+    import time
+
+    world(api, session("Ready"), annotations={"savepoint.dev/max-checkpoint-ttl": "1h"})
+    arrived = time.monotonic()
+    namespace_reads = lambda: sum(1 for r in api.requests if (r.verb, r.kind) == ("get", "namespaces"))  # noqa: E731
+    try:
+        assert cache.namespace_annotations(NS, arrived) == {"savepoint.dev/max-checkpoint-ttl": "1h"}
+        cache.namespace_annotations(NS, arrived)
+        assert namespace_reads() == 1
+        api.patch("namespaces", "", NS, {"metadata": {"annotations": {"savepoint.dev/max-checkpoint-ttl": "2h"}}})
+        later = time.monotonic()  # a checkpoint made after the new annotation
+        assert cache.namespace_annotations(NS, later)["savepoint.dev/max-checkpoint-ttl"] == "2h"
+        assert cache.namespace_annotations(NS, None)["savepoint.dev/max-checkpoint-ttl"] == "2h"  # the webhook's
+        assert namespace_reads() == 3
+    finally:
+        cache.clear()

@@ -9,6 +9,7 @@ from savepoint.checkpoint import Policy, QuotaUse, Rejection, SessionView, admit
 from savepoint.eventlog import Event
 from savepoint.fork import ForkReason, checkpoint_unusable, find_event, named_seq
 from savepoint.idle import pause_deadline
+from savepoint.logdigest import Digest
 from savepoint.models import CheckpointSpec, IdlePolicy, SessionPhase
 from savepoint.session import activity, busy
 
@@ -93,5 +94,5 @@ def test_checkpoint_admission_and_the_idle_pause_agree_with_the_busy_decision():
     answer = admit("c1", spec, policy, SessionView(True, "Running"), QuotaUse(0, 0), "csi-class")
     assert answer == Rejection("SessionBusy", busy("s1", "Running"))
     idle = IdlePolicy.model_validate({"pauseAfter": "1m"})
-    assert pause_deadline(idle, events("run.started"), None) is None
-    assert pause_deadline(idle, events("run.started", "run.completed"), None) is not None
+    assert pause_deadline(idle, Digest.of(events("run.started")), None) is None
+    assert pause_deadline(idle, Digest.of(events("run.started", "run.completed")), None) is not None

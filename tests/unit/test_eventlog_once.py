@@ -42,3 +42,45 @@ def test_the_check_reads_older_chunks_when_the_cut_is_before_the_newest():
     )
     written = fresh.append_once("checkpoint.created", {"uid": "u3"}, after=1, same=lambda e: e.data.get("uid") == "u3")
     assert written is not None and written.seq == 15
+
+
+def mine(uid: str):
+    return lambda event: event.type == "checkpoint.created" and event.data.get("uid") == uid
+
+
+def test_a_seeded_append_writes_without_reading():
+    api = FakeAPI()
+    EventLog(api.core(), "ns", "s").append("user.message", {"text": "hi"})
+    chunk = api.get("configmaps", "ns", "s-log-000001")
+    log = EventLog(api.core(), "ns", "s")
+    assert [e.seq for e in log.seed(chunk).events] == [1]
+    api.requests.clear()
+    assert log.append_once("checkpoint.created", {"uid": "u1"}, after=1, same=mine("u1")).seq == 2
+    assert [r.verb for r in api.requests] == ["patch"]
+
+
+def test_a_stale_seed_neither_loses_nor_repeats_the_event():
+    """The watch's copy is older than the log: our event already landed after it (a retried
+    pass), or another writer's did. The conditional write fails and a fresh read decides."""
+    api = FakeAPI()
+    writer = EventLog(api.core(), "ns", "s")
+    writer.append("user.message", {"text": "hi"})
+    stale = api.get("configmaps", "ns", "s-log-000001")
+    writer.append("checkpoint.created", {"uid": "u1"})
+    retried = EventLog(api.core(), "ns", "s")
+    retried.seed(stale)
+    assert retried.append_once("checkpoint.created", {"uid": "u1"}, after=1, same=mine("u1")) is None
+    other = EventLog(api.core(), "ns", "s")
+    other.seed(stale)
+    written = other.append_once("checkpoint.created", {"uid": "u2"}, after=1, same=mine("u2"))
+    assert written is not None and written.seq == 3
+    assert [e.data.get("uid") for e in writer.read()] == [None, "u1", "u2"]
+
+
+def test_a_seed_of_another_log_or_a_broken_chunk_is_refused():
+    api = FakeAPI()
+    EventLog(api.core(), "ns", "other").append("user.message", {})
+    log = EventLog(api.core(), "ns", "s")
+    assert log.seed(api.get("configmaps", "ns", "other-log-000001")) is None
+    assert log.seed(None) is None
+    assert log.newest_first_seq is None

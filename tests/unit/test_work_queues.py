@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -307,7 +308,8 @@ def test_a_new_checkpoint_waits_in_our_queue_trimmed_not_in_kopf(monkeypatch):
     asyncio.run(handlers.checkpoint_event(type=None, body=checkpoint("done", "Ready", NOW), memo=memo))
     key, seen = queue.take(0)
     assert key == ("ns", "c")
-    assert "managedFields" not in seen["metadata"] and seen["metadata"]["name"] == "c"
+    assert "managedFields" not in seen.body["metadata"] and seen.body["metadata"]["name"] == "c"
+    assert seen.at <= time.monotonic()  # when it arrived: a namespace read after that serves it
     assert "managedFields" in body["metadata"]  # the watch's own body is left as it was
     assert queue.take(0) is None  # a settled one is not queued
 

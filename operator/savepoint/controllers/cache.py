@@ -15,6 +15,7 @@ reads these stores now answer (docs/performance.md).
 from __future__ import annotations
 
 import copy
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from savepoint import k8s
+from savepoint.models import FINISHED_FORK_PHASES, SETTLED_CHECKPOINT_PHASES
 
 Key = tuple[str, str]
 
@@ -69,8 +71,7 @@ class Store:
         (without managedFields, the largest part of a body, which no pass reads)."""
         if not body or not body.get("metadata", {}).get("name"):
             return
-        if "managedFields" in body["metadata"]:
-            body = {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
+        body = _slim(body)
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         with self._lock:
             old = self._bodies.get(key)
@@ -90,6 +91,10 @@ class Store:
             body = self._bodies.get((namespace, name))
         return copy.deepcopy(body) if body is not None else None
 
+    def has(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (namespace, name) in self._bodies
+
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)
@@ -102,16 +107,146 @@ class Store:
         return len(self._bodies)
 
 
-SETTLED_PHASES = ("Ready", "Failed", "Rejected", "Expired")
+def _slim(body: dict) -> dict:
+    if "managedFields" not in body.get("metadata", {}):
+        return body
+    return {**body, "metadata": {k: v for k, v in body["metadata"].items() if k != "managedFields"}}
+
+
+CHUNK_NAME = re.compile(r"(.+)-log-(\d{6})")
+
+
+class Chunks:
+    """The newest chunk of each Session's log, as the chunk watch (or our own read or write
+    of it) last showed it, and whether anything a digest already folded has changed since:
+    an older chunk rewritten (erase) or deleted (retention), or an event of the newest
+    rewritten. A Session pass then folds only the newest chunk's new events into the
+    log's digest (controllers/logview.py) instead of reading the whole log."""
+
+    def __init__(self, limit: int = STORE_LIMIT) -> None:
+        self._limit = limit
+        self._newest: OrderedDict[Key, tuple[int, dict]] = OrderedDict()
+        self._changed: set[Key] = set()
+        self._read_at: dict[Key, float] = {}  # when our last read of the newest chunk started
+        self._lock = threading.Lock()
+
+    def observe(self, event_type: str | None, body: dict) -> None:
+        """A chunk's watch event (event_type None: from a listing, in no particular order)."""
+        meta = body["metadata"]
+        found = CHUNK_NAME.fullmatch(meta["name"])
+        if found is None:
+            return
+        key, index = (meta.get("namespace", ""), found.group(1)), int(found.group(2))
+        with self._lock:
+            held = self._newest.get(key)
+            if event_type == "DELETED":
+                if held is not None and index <= held[0]:
+                    self._changed.add(key)
+                if held is not None and index == held[0]:
+                    del self._newest[key]
+                return
+            if held is not None and index < held[0]:
+                if event_type is not None:
+                    self._changed.add(key)  # a sealed chunk rewritten: erase
+                return
+            self._keep(key, index, held, body)
+
+    def put(self, body: dict) -> None:
+        """A chunk this process read or wrote: kept if it is the newest."""
+        meta = body.get("metadata") or {}
+        found = CHUNK_NAME.fullmatch(meta.get("name", ""))
+        if found is None:
+            return
+        key, index = (meta.get("namespace", ""), found.group(1)), int(found.group(2))
+        with self._lock:
+            held = self._newest.get(key)
+            if held is None or index >= held[0]:
+                self._keep(key, index, held, body)
+
+    def _keep(self, key: Key, index: int, held: tuple[int, dict] | None, body: dict) -> None:
+        if held is not None and held[0] == index:
+            if _version(body) <= _version(held[1]):
+                return
+            old, new = held[1].get("data") or {}, body.get("data") or {}
+            if any(new.get(k) != v for k, v in old.items()):
+                self._changed.add(key)  # an event rewritten in place: erase
+        self._newest[key] = (index, _slim(body))
+        self._newest.move_to_end(key)
+        while len(self._newest) > self._limit:
+            gone, _ = self._newest.popitem(last=False)
+            self._read_at.pop(gone, None)
+
+    def newest(self, namespace: str, session: str) -> dict | None:
+        """The newest chunk seen of the session's log (not a copy: never change it)."""
+        with self._lock:
+            held = self._newest.get((namespace, session))
+        return held[1] if held is not None else None
+
+    def mark_read(self, namespace: str, session: str, started: float) -> None:
+        """Our own read of the session's newest chunk, started at monotonic `started`, is in."""
+        with self._lock:
+            key = (namespace, session)
+            self._read_at[key] = max(started, self._read_at.get(key, started))
+
+    def read_since(self, namespace: str, session: str) -> float | None:
+        """When our newest read of the session's newest chunk started (None: none kept)."""
+        with self._lock:
+            key = (namespace, session)
+            return self._read_at.get(key) if key in self._newest else None
+
+    def take_changed(self, namespace: str, session: str) -> bool:
+        """Whether what a digest folded may have changed since the last call."""
+        with self._lock:
+            if (namespace, session) in self._changed:
+                self._changed.discard((namespace, session))
+                return True
+            return False
+
+    def clear(self) -> None:
+        with self._lock:
+            self._newest.clear()
+            self._changed.clear()
+            self._read_at.clear()
+
+    def __len__(self) -> int:
+        return len(self._newest)
+
+
+class Memo:
+    """Values by (namespace, name), the least recently written dropped first."""
+
+    def __init__(self, limit: int = STORE_LIMIT) -> None:
+        self._limit = limit
+        self._values: OrderedDict[Key, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, namespace: str, name: str) -> Any:
+        with self._lock:
+            return self._values.get((namespace, name))
+
+    def put(self, namespace: str, name: str, value: Any) -> None:
+        with self._lock:
+            self._values[(namespace, name)] = value
+            self._values.move_to_end((namespace, name))
+            while len(self._values) > self._limit:
+                self._values.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
 
 sessions = Store()
 # Only unsettled Checkpoints: a settled one's pass has nothing to do, and thousands of
 # them would only cost memory.
-checkpoints = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in SETTLED_PHASES)
+checkpoints = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in SETTLED_CHECKPOINT_PHASES)
 # Only unfinished Forks, for the same reason.
-forks = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in ("Succeeded", "Failed"))
+forks = Store(keep=lambda body: (body.get("status") or {}).get("phase") not in FINISHED_FORK_PHASES)
 claims = Store()
 pods = Store()
+chunks = Chunks()
+# Each Session's log digest (controllers/logview.py), by the Session's name.
+log_views = Memo()
 
 
 _reads = threading.local()
@@ -170,8 +305,34 @@ def namespace_meta(namespace: str) -> dict[str, Any]:
     return meta
 
 
+# Namespace -> (monotonic time its read started, its annotations), for checkpoint admission.
+_policies: dict[str, tuple[float, dict[str, str]]] = {}
+_policies_lock = threading.Lock()
+
+
+def namespace_annotations(namespace: str, seen_at: float | None) -> dict[str, str]:
+    """The namespace's annotations as they were at least at monotonic time `seen_at` (when
+    the watch delivered the Checkpoint they apply to); None reads them now.
+
+    A GET is a quorum read: one that started after the Checkpoint arrived shows every
+    annotation set before the Checkpoint was made, and so serves every Checkpoint that
+    arrived before it started. Under a burst one read admits a whole queue of them.
+    """
+    with _policies_lock:
+        held = _policies.get(namespace)
+    if seen_at is not None and held is not None and held[0] >= seen_at:
+        return held[1]
+    started = time.monotonic()
+    annotations = (k8s.get_namespace(namespace).get("metadata") or {}).get("annotations") or {}
+    with _policies_lock:
+        if namespace not in _policies or _policies[namespace][0] < started:
+            _policies[namespace] = (started, annotations)
+    return annotations
+
+
 def clear() -> None:
     """Forget everything (a test that starts as a fresh process)."""
-    for store in (sessions, checkpoints, forks, claims, pods):
+    for store in (sessions, checkpoints, forks, claims, pods, chunks, log_views):
         store.clear()
     _namespaces.clear()
+    _policies.clear()

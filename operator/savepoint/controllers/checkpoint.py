@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
-    SETTLED_LABEL,
     FailReason,
     Patience,
     PolicyError,
@@ -40,20 +40,19 @@ from savepoint.checkpoint import (
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
-from savepoint.controllers import cache, has_run, one_pass
+from savepoint.controllers import cache, has_run, logview, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers import write_status as write_object_status
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor
 from savepoint.hooks import hooks_of
-from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
-from savepoint.session import LIVE_PHASES, SESSION_LABEL, activity, owner_reference
+from savepoint.models import SETTLED_CHECKPOINT_PHASES, CheckpointPhase, CheckpointSpec, SessionPhase
+from savepoint.session import LIVE_PHASES, SESSION_LABEL, owner_reference
 
 log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
-# Phases a pass has nothing to do for (expiry is the expiry loop's job).
-SETTLED = (CheckpointPhase.READY, CheckpointPhase.FAILED, CheckpointPhase.REJECTED, CheckpointPhase.EXPIRED)
+SETTLED = SETTLED_CHECKPOINT_PHASES
 # The finalizer kopf put on Checkpoints while the operator had a delete handler for them.
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 
@@ -80,15 +79,18 @@ def reconcile_checkpoint(
     settings: Settings,
     seen: dict | None = None,
     snapshot: dict | None = None,
+    seen_at: float | None = None,
 ) -> None:
-    """One pass over a Checkpoint. `seen` is its body as the watch just delivered it: the
-    first pass in this process (its create, or its resume at start-up) starts from it, as
-    a Session's does, instead of reading it again. `snapshot` is its VolumeSnapshot as a
-    watch event just delivered it, read instead of a GET."""
-    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot))
+    """One pass over a Checkpoint. `seen` is its body as the watch just delivered it (at
+    monotonic time `seen_at`): the first pass in this process (its create, or its resume
+    at start-up) starts from it, as a Session's does, instead of reading it again.
+    `snapshot` is its VolumeSnapshot as a watch event just delivered it, read instead of a GET."""
+    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot, seen_at))
 
 
-def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None) -> None:
+def _reconcile(
+    namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None, seen_at: float | None
+) -> None:
     fresh = seen is not None and not has_run("checkpoint", namespace, name)
     body = copy.deepcopy(seen) if fresh else cache.checkpoint(namespace, name)
     if body is None and snapshot is not None:
@@ -96,7 +98,7 @@ def _reconcile(namespace: str, name: str, settings: Settings, seen: dict | None,
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     if waiting(body):
-        _admit(body, settings)
+        _admit(body, settings, seen_at if fresh else None)
         if waiting(body):
             return  # the Session's events (or the pending poll) bring us back
     if body["status"]["phase"] == CheckpointPhase.PENDING:
@@ -141,10 +143,13 @@ def _snapshot_class(driver: str | None, wanted: str | None) -> str | None:
     return found or pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
 
 
-def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings):
-    """Everything admit() needs, read from the cluster; shared with the webhook."""
-    # Read fresh: a policy annotated a moment ago applies to the next checkpoint.
-    annotations = k8s.get_namespace(namespace)["metadata"].get("annotations")
+def observe_admission(
+    namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings, seen_at: float | None = None
+):
+    """Everything admit() needs, read from the cluster; shared with the webhook. `seen_at`
+    is when the watch delivered the Checkpoint (monotonic), None for now."""
+    # A policy annotated a moment before the checkpoint was made applies to it.
+    annotations = cache.namespace_annotations(namespace, seen_at)
     policy = policy_from_annotations(annotations, settings.default_checkpoint_ttl)
     session = cache.session(namespace, spec.session_name)
     view = SessionView(exists=False)
@@ -155,10 +160,11 @@ def observe_admission(namespace: str, spec: CheckpointSpec, own_name: str, setti
         phase = "being deleted" if session["metadata"].get("deletionTimestamp") else status.get("phase")
         if phase in LIVE_PHASES:
             try:
-                events = event_log(session).read(partial=True)
+                fresh_after = seen_at if seen_at is not None else time.monotonic()
+                digest = logview.observe(session, event_log(session), fresh_after).digest
                 # The cut is the log as checked: no second read for the cursor.
-                view_cursor = Cursor(events[-1].seq, events[-1].id) if events else Cursor(0, "")
-                phase = activity(events)
+                view_cursor = Cursor(*digest.cursor)
+                phase = digest.activity()
             except EventLogError:
                 phase = SessionPhase.FAILED
         claim = status.get("workspaceClaimName")
@@ -207,12 +213,12 @@ def _patience(settings: Settings, body: dict | None = None) -> Patience:
     return Patience(waited, settings.wait_timeout, settings.missing_grace)
 
 
-def _admit(body: dict, settings: Settings) -> None:
+def _admit(body: dict, settings: Settings, seen_at: float | None) -> None:
     meta = body["metadata"]
     spec = CheckpointSpec.model_validate(body["spec"])
     try:
         policy, session, view, quota, snapshot_class = observe_admission(
-            meta["namespace"], spec, meta["name"], settings
+            meta["namespace"], spec, meta["name"], settings, seen_at
         )
         rejection = admit(
             meta["name"],
@@ -392,8 +398,11 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
     )
     if session is not None:
         watched = cache.sessions.get(meta["namespace"], spec["sessionName"]) or {}
+        elog = event_log(session)
+        # The newest chunk as the watch showed it: the append writes without reading first.
+        elog.seed(cache.chunks.newest(meta["namespace"], spec["sessionName"]))
         # Once: a retried pass finds its own event after the cut, by the checkpoint's uid.
-        event_log(session).append_once(
+        elog.append_once(
             "checkpoint.created",
             {
                 "checkpoint": meta["name"],
@@ -417,6 +426,8 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         snapshot_ms,
     )
     metrics.checkpoint_seconds.observe(snapshot_ms / 1000)
+    # No Event: the status says it (phase, readyAt, the Ready condition), and an Event was
+    # one request in every checkpoint's thirteen.
     write_status(
         body,
         {
@@ -429,13 +440,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
                 body, True, Reason.SNAPSHOT_READY, f"restorable; snapshot took ~{snapshot_ms} ms"
             ),
         },
-        event=("Ready", f"VolumeSnapshot {status.get('volumeSnapshotName')} is ready ({restore_size or '?'} bytes)"),
     )
-    # The snapshot has nothing more to tell a Ready checkpoint: the label takes it out of
-    # the operator's snapshot watch (handlers/operator.py), so at a restart kopf does not
-    # list and filter thousands of long-ready snapshots. Written after Ready: a pass that
-    # stops in between leaves only a snapshot that is still watched, which is harmless.
-    k8s.label_volume_snapshot(meta["namespace"], status["volumeSnapshotName"], {SETTLED_LABEL: "true"})
 
 
 # --- deletion ---------------------------------------------------------------------------

@@ -43,13 +43,13 @@ from savepoint.fork import (
     plan_from_checkpoint,
     target_claim_name,
 )
-from savepoint.models import ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
+from savepoint.models import FINISHED_FORK_PHASES, ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
 from savepoint.session import LIVE_PHASES, RESTORE_STARTED_MS, SESSION_LABEL, activity, build_pvc, busy, pod_name
 from savepoint.timestamps import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
-TERMINAL = (ForkPhase.SUCCEEDED, ForkPhase.FAILED)
+TERMINAL = FINISHED_FORK_PHASES
 
 
 def _now() -> datetime:
@@ -200,7 +200,7 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> P
             else:
                 cursor = event_log(session).cursor()
                 plan = Plan(spec.mode, RestoreMode.EVENT_LOG_REBUILD, source.session, None, None, cursor.seq, cursor.id)
-    session = k8s.get_custom("sessions", namespace, plan.source_session)
+    session = cache.session(namespace, plan.source_session)
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     if spec.mode == ForkMode.FORK:
@@ -246,7 +246,10 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
     namespace = meta["namespace"]
     target_name = spec.target.session_name if spec.target else None
     assert target_name is not None  # the CRD's CEL rule requires it for a Fork
-    target = cache.session(namespace, target_name)
+    # Before the target is made (no targetSession in status), the watch has nothing to show
+    # of it: create it without a read first (one that exists answers 409, then is read).
+    made = (body.get("status") or {}).get("targetSession") is not None
+    target = cache.session(namespace, target_name) if made else cache.sessions.get(namespace, target_name)
     if target is None:
         source_session = cache.session(namespace, plan.source_session)
         if source_session is None:
@@ -267,16 +270,19 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
             raise ForkError(
                 ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {err.message}"
             ) from None
-        target = created or k8s.get_custom("sessions", namespace, target_name)
-        _write(
-            body,
-            {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
-            event=(
-                "Restoring",
-                f"session {target_name} from {plan.checkpoint or plan.source_session} "
-                f"through event {plan.through_sequence} ({plan.restore.value})",
-            ),
-        )
+        if created is None:  # there already: ours from an earlier pass, or another's (checked below)
+            target = k8s.get_custom("sessions", namespace, target_name)
+        else:
+            target = created
+            _write(
+                body,
+                {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
+                event=(
+                    "Restoring",
+                    f"session {target_name} from {plan.checkpoint or plan.source_session} "
+                    f"through event {plan.through_sequence} ({plan.restore.value})",
+                ),
+            )
     if target is None:
         return
     if (target["metadata"].get("annotations") or {}).get(FORK_ANNOTATION) != meta["uid"]:

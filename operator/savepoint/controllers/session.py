@@ -26,16 +26,16 @@ from savepoint.constants import (
     THROUGH_SEQUENCE_ANNOTATION,
     Reason,
 )
-from savepoint.controllers import cache, has_run, heartbeat, object_lock, one_pass, sandbox
+from savepoint.controllers import cache, has_run, heartbeat, logview, object_lock, one_pass, sandbox
 from savepoint.controllers.cache import namespace_meta
 from savepoint.controllers.logs import event_log
+from savepoint.controllers.logview import LogView
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
-from savepoint.eventlog import Event, EventLog, effective_history, summarize
+from savepoint.eventlog import EventLog
 from savepoint.fork import RESTORING_ANNOTATION, ForkReason, checkpoint_unusable, find_event
 from savepoint.models import CheckpointPhase, IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
-from savepoint.sandbox import chunk_index
 from savepoint.session import (
     LIVE_PHASES,
     POD_BOOT_MS,
@@ -54,7 +54,6 @@ from savepoint.session import (
     sandbox_account,
 )
 from savepoint.timestamps import now_rfc3339, parse_rfc3339
-from savepoint.usage import derive_usage
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +231,11 @@ def _reconcile(
     annotations = meta.get("annotations") or {}
 
     elog = event_log(body)
-    if not (old_status.get("eventLog") or {}).get("chunks"):
-        elog.ensure()  # afterwards the log's own reads notice a chunk gone missing
+    restoring = spec.source is not None and "restore" not in old_status
+    if not (old_status.get("eventLog") or {}).get("chunks") and not restoring:
+        # Afterwards the log's own reads notice a chunk gone missing. A restore makes the
+        # log itself (the prefix, then session.forked), and its claim goes first.
+        elog.ensure()
 
     claim = old_status.get("workspaceClaimName") or claim_name(name)
     if not old_status.get("podName"):
@@ -244,7 +246,7 @@ def _reconcile(
             return
     extra: dict[str, Any] = {}
     hold: tuple[str, str] | None = None  # (reason, message) while the Pod must stay away
-    if spec.source and "restore" not in old_status:
+    if restoring:
         try:
             restored = restore_from_source(body, spec, elog, claim)
         except RestoreError as err:
@@ -263,10 +265,10 @@ def _reconcile(
     # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
     # in force from here on (the user's spec, paused while the idle pause holds).
     user_spec = spec
-    events: list[Event] | None = None
+    view = _view(body, elog)
     idle_state: dict[str, Any] | None = old_status.get("idle")
     if spec.idle is not None or idle_state:
-        events, idle_state = _idle_step(body, spec, elog, hold)
+        idle_state = _idle_step(body, spec, elog, view, hold)
         if idle.is_paused(idle_state, meta.get("generation")):
             spec = spec.model_copy(update={"operating_mode": OperatingMode.PAUSED})
 
@@ -321,13 +323,13 @@ def _reconcile(
             pvc = None
 
     beat = heartbeat.seen(namespace, name, settings.heartbeat_stale_seconds)
-    seen = dataclasses.replace(_observe_log(elog, pod, pvc, events), heartbeat=beat)
+    seen = dataclasses.replace(_observe_log(view, pod, pvc), heartbeat=beat)
     warning = _mount_warning(namespace, pod)
     if warning:
         seen = dataclasses.replace(seen, pod_warning=warning)
-    if elog.listed:
-        # Widen the sandbox's Role from this pass's own listing: no request unless it must grow.
-        sandbox.ensure_sandbox_access(body, newest=chunk_index(elog.listed[-1]))
+    if not isinstance(view, EventLogError) and view.newest:
+        # Widen the sandbox's Role to the newest chunk this pass saw: no request unless it must grow.
+        sandbox.ensure_sandbox_access(body, newest=view.newest)
     status = build_status(body, spec, seen, claim)
     if hold is not None and spec.operating_mode != OperatingMode.PAUSED:
         _override_ready(status, meta, SessionPhase.PROVISIONING, hold[0], hold[1])
@@ -348,7 +350,7 @@ def _reconcile(
         status.pop("restore", None)
     _commit(body, status)
     if user_spec.idle is not None or idle_state is not None:
-        _schedule_idle(timers, body, user_spec, status, events, hold is not None)
+        _schedule_idle(timers, body, user_spec, status, view, hold is not None)
     heartbeat.reflected(namespace, name, seen.heartbeat)
     policy = spec.checkpoint_policy
     if policy.after_each_run and seen.last_run_completed and not seen.run_in_flight and hold is None:
@@ -458,7 +460,7 @@ def _commit(body: dict, status: dict) -> None:
 
 
 def _write_failed(body: dict, spec: SessionSpec, claim: str, elog: EventLog, reason: str, message: str) -> None:
-    seen = _observe_log(elog, None, None)
+    seen = _observe_log(_view(body, elog), None, None)
     status = build_status(body, spec, seen, claim)
     _override_ready(status, body["metadata"], "Failed", reason, message)
     _commit(body, status)
@@ -604,8 +606,11 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
             k8s.patch_custom("sessions", namespace, meta["name"], {"metadata": {"annotations": started}})
         )
         meta["annotations"] = {**(meta.get("annotations") or {}), **started}
-    # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild.
-    pvc = read_claim(namespace, claim) or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
+    # Disk: a claim restored from the snapshot, or a fresh one for a log-only rebuild. Made
+    # without a read first (one the watch has not shown is most likely not there yet: an
+    # existing one answers 409, then it is read), since the restore is the longest step.
+    seen = cache.claims.get(namespace, claim) if cache.in_use() else None
+    pvc = seen or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
     # Log: the parent's prefix, then session.forked, exactly once.
     try:
         cursor = elog.cursor()
@@ -647,21 +652,6 @@ def restore_ms(annotations: dict[str, str], status: dict[str, Any]) -> int | Non
     return max(0, now_ms() - int(started))
 
 
-def latest_checkpoint(events: list) -> str | None:
-    """The checkpoint named by the log's newest checkpoint.created of this session.
-
-    The whole log, not the effective history: a checkpoint cut on a branch a rollback
-    closed was still the newest one taken. A fork's log starts with its parent's prefix,
-    whose checkpoints are the parent's: those end at session.forked.
-    """
-    for event in reversed(events):
-        if event.type == "session.forked":
-            return None
-        if event.type == "checkpoint.created":
-            return event.data.get("checkpoint")
-    return None
-
-
 # A Pod Pending this long has its kubelet Events read (one list call per pass until it runs).
 MOUNT_WARNING_AFTER = timedelta(seconds=5)
 
@@ -676,96 +666,99 @@ def _mount_warning(namespace: str, pod: dict | None) -> str | None:
     return k8s.pod_warning(namespace, pod, ("FailedMount", "FailedAttachVolume", "FailedMapVolume"))
 
 
-def _observe_log(elog: EventLog, pod: dict | None, pvc: dict | None, events: list[Event] | None = None) -> Observed:
+def _view(body: dict, elog: EventLog) -> LogView | EventLogError:
+    """The log as this pass sees it (controllers/logview.py), or why it cannot be read."""
     try:
-        if events is None:
-            events = elog.read(partial=True)
-        history = effective_history(events)
-        summary = summarize(history)
-        last = events[-1] if events else None
-        completed = [e.seq for e in history if e.type == "run.completed"]
-        latest = latest_checkpoint(events)
-        return Observed(
-            pod=pod,
-            pvc=pvc,
-            log_cursor=(last.seq, last.id) if last else (0, ""),
-            log_chunks=len(elog.listed),
-            log_error=None,
-            run_in_flight=summary["run_in_flight"],
-            approval_pending=summary["approval_pending"],
-            runs=summary["runs"],
-            last_run_completed=completed[-1] if completed else 0,
-            latest_checkpoint=latest,
-            usage=derive_usage(events),
-        )
+        return logview.observe(body, elog)
     except EventLogError as err:
+        return err
+
+
+def _observe_log(view: LogView | EventLogError, pod: dict | None, pvc: dict | None) -> Observed:
+    if isinstance(view, EventLogError):
         return Observed(
             pod=pod,
             pvc=pvc,
             log_cursor=None,
             log_chunks=0,
-            log_error=str(err),
+            log_error=str(view),
             run_in_flight=False,
             approval_pending=False,
             runs=0,
         )
+    digest = view.digest
+    summary = digest.summary()
+    return Observed(
+        pod=pod,
+        pvc=pvc,
+        log_cursor=digest.cursor,
+        log_chunks=view.chunks,
+        log_error=None,
+        run_in_flight=summary["run_in_flight"],
+        approval_pending=summary["approval_pending"],
+        runs=summary["runs"],
+        last_run_completed=digest.last_run_completed,
+        latest_checkpoint=digest.latest_checkpoint,
+        usage=digest.usage(),
+    )
 
 
 ACTIVE_PHASES = (SessionPhase.READY, SessionPhase.RUNNING, SessionPhase.AWAITING_APPROVAL)
 
 
 def _idle_step(
-    body: dict, spec: SessionSpec, elog: EventLog, hold: tuple[str, str] | None
-) -> tuple[list[Event] | None, dict | None]:
-    """Pause an idle session, or wake an idle-paused one; (the log's events as read, or
-    None when unreadable; status.idle as it is now)."""
+    body: dict, spec: SessionSpec, elog: EventLog, view: LogView | EventLogError, hold: tuple[str, str] | None
+) -> dict | None:
+    """Pause an idle session, or wake an idle-paused one; status.idle as it is now."""
     meta = body["metadata"]
     old_status = body.get("status") or {}
     state = old_status.get("idle")
     generation = meta.get("generation")
-    try:
-        events = elog.read(partial=True)
-    except EventLogError:
-        return None, state  # the pass reports the log; nothing to decide from
+    if isinstance(view, EventLogError):
+        return state  # the pass reports the log; nothing to decide from
     if state and state.get("paused"):
         if not idle.is_paused(state, generation):
             metrics.wakes.labels("spec").inc()
             k8s.post_event(body, idle.SPEC_CHANGED, "the spec changed: the idle pause ends, the spec decides")
-            return events, idle.woken_state(state, None)
-        wake = idle.waking_event(spec.idle, events, state.get("throughSequence") or 0)
+            return idle.woken_state(state, None)
+        try:
+            newer = view.since(elog, state.get("throughSequence") or 0)
+        except EventLogError:
+            return state
+        wake = idle.waking_event(spec.idle, view.digest, newer)
         if wake is None:
-            return events, state
+            return state
         metrics.wakes.labels("event").inc()
         k8s.post_event(body, idle.WOKEN, f"event {wake.sequence} ({wake.type}) woke the session")
-        return events, idle.woken_state(state, wake)
+        return idle.woken_state(state, wake)
     policy = spec.idle
     if policy is None or spec.operating_mode != OperatingMode.RUNNING or hold is not None:
-        return events, state
-    if old_status.get("phase") != SessionPhase.READY or _idle_left(policy, old_status, events) != 0:
-        return events, state
-    state = idle.paused_state(events, generation, now_rfc3339())
+        return state
+    if old_status.get("phase") != SessionPhase.READY or _idle_left(policy, old_status, view) != 0:
+        return state
+    state = idle.paused_state(view.digest, generation, now_rfc3339())
     # Status before the side effect: whoever reads the Session while its Pod goes sees why.
     cache.sessions.put(k8s.patch_status("sessions", meta["namespace"], meta["name"], {"idle": state}))
     body.setdefault("status", {})["idle"] = state
     metrics.idle_pauses.inc()
     kept = "checkpointing the workspace, then freeing its disk" if policy.checkpoint else "the workspace kept"
     k8s.post_event(body, idle.IDLE_PAUSED, f"no event for {policy.pause_after}: pausing ({kept})")
-    return events, state
+    return state
 
 
-def _idle_left(policy: IdlePolicy, status: dict, events: list[Event]) -> float | None:
+def _idle_left(policy: IdlePolicy, status: dict, view: LogView) -> float | None:
     """Seconds until the idle window ends (0 once it has); None while it cannot end (a run
     or an approval open, or the session not Ready)."""
     ready: dict = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     since = ready.get("lastTransitionTime") if ready.get("status") == "True" else None
-    deadline = idle.pause_deadline(policy, events, parse_rfc3339(since) if since else None)
+    deadline = idle.pause_deadline(policy, view.digest, parse_rfc3339(since) if since else None)
     if deadline is None or status.get("phase") != SessionPhase.READY:
         return None
     return max(0.0, (deadline - datetime.now(UTC)).total_seconds())
 
 
 def _schedule_idle(
-    timers: DeadlineQueue | None, body: dict, spec: SessionSpec, status: dict, events: list[Event] | None, held: bool
+    timers: DeadlineQueue | None, body: dict, spec: SessionSpec, status: dict, view: LogView | EventLogError, held: bool
 ) -> None:
     """A pass when the idle window of a Ready session ends; none while it cannot end (the
     next change to the log, the Pod or the spec brings a pass)."""
@@ -774,8 +767,8 @@ def _schedule_idle(
     left = None
     running = spec.operating_mode == OperatingMode.RUNNING and not held
     asleep = idle.is_paused(status.get("idle"), meta.get("generation"))
-    if spec.idle is not None and running and events is not None and not asleep:
-        left = _idle_left(spec.idle, status, events)
+    if spec.idle is not None and running and not isinstance(view, EventLogError) and not asleep:
+        left = _idle_left(spec.idle, status, view)
     if timers is None:
         return
     if left is None:

@@ -4,40 +4,11 @@ from __future__ import annotations
 
 import kopf
 
-from savepoint.checkpoint import CHECKPOINT_LABEL, snapshot_state
 from savepoint.constants import RECLAIM_LABEL
 from savepoint.controllers import cache
 from savepoint.models import GROUP, VERSION
 
 CHECKPOINTS = (GROUP, VERSION, "checkpoints")
-
-
-def _snapshot_settled(body: kopf.Body, type: str | None, **_: object) -> bool:
-    # Only a ready or failed snapshot moves its Checkpoint on; the snapshotter's many
-    # intermediate updates would each cost a pass that finds nothing to do (the pending
-    # poll keeps the timeout's clock). Not one being deleted (expiry, or its Checkpoint
-    # going), nor one from a listing (start-up or a re-list: thousands of long-ready
-    # snapshots; pending ones get their resume pass or poll). DELETED also comes when a
-    # snapshot leaves the watch's selector, as every one does once labelled settled.
-    if type in (None, "DELETED") or body.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    state = snapshot_state(dict(body))
-    return state.ready or state.error is not None
-
-
-@kopf.on.event(
-    "snapshot.storage.k8s.io",
-    "v1",
-    "volumesnapshots",
-    labels={CHECKPOINT_LABEL: kopf.PRESENT},
-    when=_snapshot_settled,
-)
-def checkpoint_snapshot_event(
-    namespace: str, labels: dict[str, str], annotations: dict[str, str], body: kopf.Body, memo: kopf.Memo, **_: object
-) -> None:
-    # The label holds a hashed name when the checkpoint's is longer than a label value may be.
-    name = annotations.get(CHECKPOINT_LABEL) or labels[CHECKPOINT_LABEL]
-    memo.runtime.checkpoint_pass(namespace, name, snapshot=dict(body))
 
 
 def _awaited_session(namespace: str, name: str, status: kopf.Status, memo: kopf.Memo, **_: object) -> bool:

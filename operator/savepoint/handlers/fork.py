@@ -5,7 +5,7 @@ from __future__ import annotations
 import kopf
 
 from savepoint.controllers import cache, forget
-from savepoint.models import GROUP, VERSION
+from savepoint.models import FINISHED_FORK_PHASES, GROUP, SETTLED_CHECKPOINT_PHASES, VERSION
 from savepoint.session import SESSION_LABEL
 
 FORKS = (GROUP, VERSION, "forks")
@@ -23,7 +23,7 @@ def fork_reconcile(namespace: str, name: str, memo: kopf.Memo, **_: object) -> N
 def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object) -> dict | None:
     """Unfinished forks by the session they wait on (status.targetSession: the fork's new
     session, or the session a rollback swaps), so that session's events move them on."""
-    if status.get("phase") in ("Succeeded", "Failed") or not status.get("targetSession"):
+    if status.get("phase") in FINISHED_FORK_PHASES or not status.get("targetSession"):
         return None
     return {(namespace, status["targetSession"]): name}
 
@@ -32,7 +32,7 @@ def forks_by_session(namespace: str, name: str, status: kopf.Status, **_: object
 def rollbacks_by_session(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
     """The unfinished rollbacks among those: only a rollback's steps wait on the Session's
     Pod and claim (a fork's new Session tells it all through its own status)."""
-    if spec.get("mode") != "Rollback" or status.get("phase") in ("Succeeded", "Failed"):
+    if spec.get("mode") != "Rollback" or status.get("phase") in FINISHED_FORK_PHASES:
         return None
     if not status.get("targetSession"):
         return None
@@ -43,14 +43,14 @@ def rollbacks_by_session(namespace: str, name: str, spec: kopf.Spec, status: kop
 def forks_by_checkpoint(namespace: str, name: str, spec: kopf.Spec, status: kopf.Status, **_: object) -> dict | None:
     """Forks still waiting for their checkpoint (no plan resolved yet), by that checkpoint."""
     checkpoint = (spec.get("source") or {}).get("checkpoint")
-    if not checkpoint or status.get("plan") or status.get("phase") in ("Succeeded", "Failed"):
+    if not checkpoint or status.get("plan") or status.get("phase") in FINISHED_FORK_PHASES:
         return None
     return {(namespace, checkpoint): name}
 
 
 def _awaited_checkpoint(namespace: str, name: str, status: kopf.Status, forks_by_checkpoint: kopf.Index, **_: object):
     # Only a settled checkpoint moves a waiting fork on; a Pending one keeps it waiting.
-    settled = status.get("phase") in ("Ready", "Failed", "Rejected", "Expired")
+    settled = status.get("phase") in SETTLED_CHECKPOINT_PHASES
     return settled and (namespace, name) in forks_by_checkpoint
 
 
@@ -107,7 +107,7 @@ def fork_child_event(
 
 # A safety net now, not the engine: events above move every step.
 @kopf.timer(
-    *FORKS, interval=10, id="fork_progress", when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed")
+    *FORKS, interval=10, id="fork_progress", when=lambda status, **_: status.get("phase") not in FINISHED_FORK_PHASES
 )
 def fork_progress(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
     memo.runtime.fork_pass(namespace, name)

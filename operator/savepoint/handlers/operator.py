@@ -8,7 +8,6 @@ from pathlib import Path
 import kopf
 
 from savepoint import k8s
-from savepoint.checkpoint import CHECKPOINT_LABEL, SETTLED_LABEL
 from savepoint.session import SESSION_LABEL
 
 # How long kopf keeps an idle per-object worker (see operator_configure).
@@ -18,13 +17,12 @@ WORKER_IDLE_SECONDS = 0.05
 # ones it made. Server-side selectors: otherwise kopf lists and watches every Pod, claim
 # and ConfigMap in the watched namespaces, and in a shared cluster thousands of unrelated
 # objects would each cost a trip through kopf (memory at start-up, CPU on every change)
-# only for the handlers' label filters to turn them away. Snapshots of Ready checkpoints
-# are labelled settled and leave the watch: a restart lists only the pending ones.
+# only for the handlers' label filters to turn them away. VolumeSnapshots are not kopf's
+# to watch: the runtime watches them from now on, without listing (runtime.py).
 CHILD_SELECTORS = {
     ("", "v1", "pods"): SESSION_LABEL,
     ("", "v1", "persistentvolumeclaims"): SESSION_LABEL,
     ("", "v1", "configmaps"): SESSION_LABEL,
-    ("snapshot.storage.k8s.io", "v1", "volumesnapshots"): f"{CHECKPOINT_LABEL},!{SETTLED_LABEL}",
 }
 
 

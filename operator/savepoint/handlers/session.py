@@ -13,7 +13,11 @@ from savepoint.session import SESSION_LABEL
 from savepoint.usage import heartbeat_session
 
 SESSIONS = (GROUP, VERSION, "sessions")
-STORES = {"pods": cache.pods, "persistentvolumeclaims": cache.claims}
+STORES: dict[str, cache.Store | cache.Chunks] = {
+    "pods": cache.pods,
+    "persistentvolumeclaims": cache.claims,
+    "configmaps": cache.chunks,
+}
 
 
 @kopf.on.resume(*SESSIONS, id="session_resume")

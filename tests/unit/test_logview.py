@@ -1,0 +1,122 @@
+"""controllers/logview.py against the in-memory API: a Session's passes fold the newest
+chunk the watch showed into the log's digest, reading the whole log only when they must."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from savepoint import eventlog
+from savepoint.controllers import cache, logview
+from savepoint.eventlog import EventLog
+from savepoint.logdigest import Digest
+from tests.unit.fake_api import FakeAPI
+
+SESSION = {"metadata": {"namespace": "ns", "name": "s", "uid": "u-s"}}
+
+
+@pytest.fixture
+def api(monkeypatch):
+    cache.clear()
+    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as __main__ sets it
+    yield FakeAPI()
+    cache.clear()
+
+
+def watched(api: FakeAPI, *names: str) -> None:
+    """The chunk watch delivers the chunks as they are now."""
+    for name in names:
+        cache.chunks.observe("MODIFIED", api.get("configmaps", "ns", name))
+
+
+def reads(api: FakeAPI) -> list[str]:
+    return [f"{r.verb} {r.name}" for r in api.requests if r.kind == "configmaps"]
+
+
+def test_the_next_pass_folds_the_watched_chunk_without_a_request(api):
+    log = EventLog(api.core(), "ns", "s")
+    log.append("run.started", {"runId": "r1"})
+    first = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert first.digest.summary()["run_in_flight"] and first.chunks == 1
+    log.append("run.completed", {"runId": "r1"})
+    watched(api, "s-log-000001")
+    api.requests.clear()
+    second = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert reads(api) == []
+    assert second.digest == Digest.of(log.read())
+    assert second.digest.last_run_completed == 2 and [e.seq for e in second.tail] == [1, 2]
+
+
+def test_a_chunk_the_watch_has_not_shown_yet_is_read_from_the_digest_on(api):
+    log = EventLog(api.core(), "ns", "s", max_chunk_bytes=1024, rollover_bytes=1024)
+    log.append("user.message", {"text": "x" * 300})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    for i in range(6):
+        log.append("agent.message", {"text": "y" * 300, "i": i})
+    assert len(log.chunk_names()) > 2
+    watched(api, log.chunk_names()[-1])  # only the newest: it does not reach back to event 2
+    view = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert view.digest == Digest.of(log.read()) and view.chunks == len(log.chunk_names())
+    # The chunks after the digest's end are read, never the first one again.
+    assert not any(r.startswith("get") and r.endswith("s-log-000001") for r in reads(api))
+
+
+def test_a_rollback_an_erase_or_another_session_reads_the_whole_log(api):
+    log = EventLog(api.core(), "ns", "s")
+    log.append("user.message", {"text": "one"})
+    log.append("user.message", {"text": "two"})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    log.append("session.rollback", {"toSequence": 1})
+    watched(api, "s-log-000001")
+    view = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert view.digest == Digest.of(log.read()) and view.digest.through == 3
+    # An event rewritten in place (erase) is not something a fold can see: the flag says so.
+    chunk = api.get("configmaps", "ns", "s-log-000001")
+    chunk["data"]["000000000001"] = chunk["data"]["000000000001"].replace("one", "gone")
+    chunk["metadata"]["resourceVersion"] = str(int(chunk["metadata"]["resourceVersion"]) + 100)
+    cache.chunks.observe("MODIFIED", chunk)
+    api.requests.clear()
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert any(r.startswith("list") for r in reads(api))
+    api.requests.clear()
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert not any(r.startswith("list") for r in reads(api))  # said once
+    # A Session of the same name made again (another uid) starts from its own log.
+    again = {"metadata": {"namespace": "ns", "name": "s", "uid": "u-new"}}
+    api.requests.clear()
+    logview.observe(again, EventLog(api.core(), "ns", "s"))
+    assert any(r.startswith("list") for r in reads(api))
+
+
+def test_the_resync_reads_fresh(api):
+    EventLog(api.core(), "ns", "s").append("user.message", {})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    watched(api, "s-log-000001")
+    api.requests.clear()
+    with cache.reading(False):
+        logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert any(r.startswith("list") for r in reads(api))
+
+
+def test_admission_sees_every_event_appended_before_the_checkpoint_arrived(api):
+    """The watch's copy may lag: a run completed a moment ago must not read as still open,
+    nor be left out of the cut. A read that started after the checkpoint arrived serves it,
+    and every other checkpoint of the session that arrived before that read."""
+    log = EventLog(api.core(), "ns", "s")
+    log.append("run.started", {"runId": "r1"})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    watched(api, "s-log-000001")
+    hook, eventlog.on_chunk = eventlog.on_chunk, None  # the harness writes, in its own process
+    log.append("run.completed", {"runId": "r1"})  # its watch event not delivered yet
+    eventlog.on_chunk = hook
+    stale = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    assert stale.digest.summary()["run_in_flight"]  # what a Session pass may see for a moment
+    arrived = time.monotonic()
+    api.requests.clear()
+    fresh = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=arrived)
+    assert not fresh.digest.summary()["run_in_flight"] and fresh.digest.through == 2
+    assert reads(api) == ["get s-log-000001"]
+    api.requests.clear()
+    again = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=arrived)
+    assert again.digest.through == 2 and reads(api) == []
