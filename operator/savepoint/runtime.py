@@ -32,6 +32,7 @@ from savepoint.config import Settings
 from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heartbeat
 from savepoint.controllers import session as sessions
 from savepoint.metrics import count_errors
+from savepoint.models import SETTLED_CHECKPOINT_PHASES
 from savepoint.polling import DeadlineQueue, PollQueue, WorkQueue
 from savepoint.usage import HeartbeatSeen
 
@@ -150,10 +151,6 @@ class Runtime:
             else:
                 checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
 
-    def checkpoint_pass(self, namespace: str, name: str, snapshot: dict | None = None) -> None:
-        with count_errors("checkpoint"):
-            checkpoint.reconcile_checkpoint(namespace, name, self.settings, snapshot=snapshot)
-
     def _snapshot_watch_loop(self, namespace: str | None) -> None:
         """Watch the Checkpoints' VolumeSnapshots from now on, never listing them: a restart
         with 10,000 ready ones reads none. A snapshot that settles moves its Checkpoint on.
@@ -194,7 +191,7 @@ class Runtime:
         elif meta.get("deletionTimestamp"):
             if checkpoint.KOPF_FINALIZER in (meta.get("finalizers") or ()):
                 self.admissions.file(key, RELEASE)  # a finalizer from before the garbage collector did it
-        elif event_type in (None, "ADDED") and phase not in checkpoint.SETTLED:
+        elif event_type in (None, "ADDED") and phase not in SETTLED_CHECKPOINT_PHASES:
             self.admit_checkpoint(key, body)
         self._note_waiting(event_type, body)
         pending = phase in (None, "Pending")

@@ -47,12 +47,11 @@ from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor
 from savepoint.hooks import hooks_of
-from savepoint.models import SETTLED_CHECKPOINT_PHASES, CheckpointPhase, CheckpointSpec, SessionPhase
+from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
 from savepoint.session import LIVE_PHASES, SESSION_LABEL, owner_reference
 
 log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
-SETTLED = SETTLED_CHECKPOINT_PHASES
 # The finalizer kopf put on Checkpoints while the operator had a delete handler for them.
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
 

@@ -49,7 +49,6 @@ from savepoint.timestamps import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 THROUGH_ANNOTATION = THROUGH_SEQUENCE_ANNOTATION
-TERMINAL = FINISHED_FORK_PHASES
 
 
 def _now() -> datetime:
@@ -110,7 +109,7 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> None:
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
     status = body.get("status") or {}
-    if status.get("phase") in TERMINAL:
+    if status.get("phase") in FINISHED_FORK_PHASES:
         return
     spec = ForkSpec.model_validate(body["spec"])
     try:
