@@ -172,8 +172,15 @@ class Operator:
     measures a healthy operator: SAVEPOINT_FAILPOINTS is never passed on.
     """
 
-    def __init__(self, namespaces: list[str], log_path: Path, env: dict[str, str] | None = None,
-                 wrap: str = "", append: bool = False, sample: bool = True) -> None:
+    def __init__(
+        self,
+        namespaces: list[str],
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        wrap: str = "",
+        append: bool = False,
+        sample: bool = True,
+    ) -> None:
         self.port = free_port()
         self.log_path = log_path
         environ = {
@@ -188,8 +195,14 @@ class Operator:
         self.started = time.monotonic()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab" if append else "wb") as log:
-            self.proc = subprocess.Popen([*shlex.split(wrap), str(VENV_PYTHON), "-m", "savepoint"], env=environ,
-                                         stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [*shlex.split(wrap), str(VENV_PYTHON), "-m", "savepoint"],
+                env=environ,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
         self.samples: list[tuple[float, float, float]] = []  # (monotonic, rss KiB, cpu s)
         self._stop = threading.Event()
         if sample:
@@ -245,8 +258,14 @@ class Operator:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def wait_idle(self, background: float = 0.0, window: float = 5.0, timeout: float = 1800,
-                  at_least: float = 0, cpu_idle: float = 0.25) -> float:
+    def wait_idle(
+        self,
+        background: float = 0.0,
+        window: float = 5.0,
+        timeout: float = 1800,
+        at_least: float = 0,
+        cpu_idle: float = 0.25,
+    ) -> float:
         """Seconds from start-up until the operator is idle: for `window` seconds, no more
         than `background` (plus one) reconcile passes per second and under `cpu_idle` of a
         core, after at least `at_least` passes (one per Session on a restart).

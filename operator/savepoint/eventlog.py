@@ -119,6 +119,19 @@ def _seq_key(seq: int) -> str:
     return f"{seq:0{KEY_DIGITS}d}"
 
 
+def newest_type(chunk: dict[str, Any]) -> str | None:
+    """The type of a chunk's (a ConfigMap's) newest event; None when it holds none, or the
+    newest is not an event as this module writes them."""
+    keys = [k for k in (chunk.get("data") or {}) if _KEY_RE.fullmatch(k)]
+    if not keys:
+        return None
+    try:
+        kind = json.loads(chunk["data"][max(keys)]).get("type")
+    except (ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
 def _new_event_id(seq: int, nonce: str) -> str:
     # The sequence number, zero-padded, then 48 random bits. Sorting ids sorts by seq,
     # which is the log's true order; a ULID would sort by the writer's clock, and

@@ -161,3 +161,43 @@ class DeadlineQueue:
 
     def __len__(self) -> int:
         return len(self._due)
+
+
+class Spaced:
+    """Passes asked for a key at most once per `gap` seconds: the first at once, and all
+    those asked within the gap after it as one pass at its end (from `due()`)."""
+
+    def __init__(self, gap: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.gap = gap
+        self._clock = clock
+        self._last: dict[tuple[str, str], float] = {}
+        self.later = DeadlineQueue(clock)
+        self._lock = threading.Lock()
+
+    def ask(self, key: tuple[str, str]) -> bool:
+        """True: pass now. False: the pass comes from due() at the gap's end."""
+        now = self._clock()
+        with self._lock:
+            last = self._last.get(key)
+            if last is None or now - last >= self.gap:
+                self._last[key] = now
+                if len(self._last) > 1000:  # keep only the keys still within their gap
+                    self._last = {k: t for k, t in self._last.items() if now - t < self.gap}
+                return True
+            if key not in self.later:
+                self.later.schedule(key, last + self.gap)
+            return False
+
+    def due(self) -> list[tuple[str, str]]:
+        """The keys whose deferred pass is due now (each one's gap starts again)."""
+        keys = self.later.take_due()
+        now = self._clock()
+        with self._lock:
+            for key in keys:
+                self._last[key] = now
+        return keys
+
+    def forget(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._last.pop(key, None)
+        self.later.drop(key)

@@ -5,9 +5,14 @@ the operator's memo; each handler reaches it as `memo.runtime` and calls one met
 or one controller. Nothing here decides what an object should be (the controllers and the
 pure modules do); this module only says when a pass runs and on which thread:
 
-- Checkpoint admission: kopf's create/resume handler files the key and a trimmed body in
-  `admissions` and returns; a few threads of ours run the passes (kopf would hold a queue
-  of whole watch bodies per object still waiting).
+- The watches of the Checkpoints, their VolumeSnapshots and the Sessions' Pods, claims
+  and log chunks (savepoint.watches): one thread each reads the stream, keeps the bodies
+  the passes read (controllers/cache.py) and files keys for passes. kopf watches only
+  the Sessions and Forks, whose handlers it drives.
+- Checkpoint admission: a new or unsettled Checkpoint's key and trimmed body wait in
+  `admissions`; a few threads of ours run the passes.
+- The Session and Fork passes that child, checkpoint and snapshot events ask for
+  (`session_passes`, `fork_passes`): a key filed again while it waits is one pass.
 - The expiry loop: a full sweep when this replica becomes active, then what the
   watch-fed `expiry` queue says is due, and the Pending checkpoints' polls.
 - The Session resync (`resyncs`), the idle deadlines (`idle_timers`, spec.idle) and the
@@ -26,15 +31,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from savepoint import k8s, memory, metrics, peering
+from savepoint import eventlog, k8s, memory, metrics, peering, watches
 from savepoint.checkpoint import CHECKPOINT_LABEL, moves_checkpoint, snapshot_name
 from savepoint.config import Settings
+from savepoint.constants import RECLAIM_LABEL
 from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heartbeat
 from savepoint.controllers import session as sessions
 from savepoint.metrics import count_errors
 from savepoint.models import SETTLED_CHECKPOINT_PHASES
-from savepoint.polling import DeadlineQueue, PollQueue, WorkQueue
-from savepoint.usage import HeartbeatSeen
+from savepoint.polling import DeadlineQueue, PollQueue, Spaced, WorkQueue
+from savepoint.session import SESSION_LABEL
+from savepoint.usage import HeartbeatSeen, heartbeat_session
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,14 @@ Key = tuple[str, str]
 # 0.41x its floor with 8, 0.56x with 16, no better with 32); the client's rate limiter
 # (SAVEPOINT_API_QPS) paces them all.
 ADMISSION_WORKERS = 16
+# Threads for the Session passes and the Fork passes that watch events ask for (the
+# create, update and resume passes run on kopf's own 16).
+SESSION_PASS_WORKERS = 8
+FORK_PASS_WORKERS = 4
+# A Session's passes for the checkpoint.created events our own checkpoints append: at most
+# one per this many seconds (the first at once). Under a burst each one was a Session
+# status write for a latestCheckpoint the next one replaced a moment later.
+OWN_APPEND_GAP_SECONDS = 2.0
 RESYNC_TICK_SECONDS = 5.0
 # A resync that failed (the API server away) is tried again this soon, not a whole
 # resync interval later.
@@ -58,8 +73,14 @@ RELEASE_MEMORY_SECONDS = 30.0
 
 # What an admission thread is filed for a Checkpoint being deleted that still has kopf's finalizer.
 RELEASE = "release"
-# How long the snapshot watch waits before it watches again after an error.
-SNAPSHOT_WATCH_RETRY_SECONDS = 1.0
+# The event each Ready checkpoint appends to its Session's log (controllers/checkpoint.py).
+OWN_APPEND = "checkpoint.created"
+# The Sessions' children, each kind's store for the passes (controllers/cache.py).
+CHILD_STORES: dict[str, cache.Store | cache.Chunks] = {
+    "pods": cache.pods,
+    "persistentvolumeclaims": cache.claims,
+    "configmaps": cache.chunks,
+}
 
 
 @dataclass(frozen=True)
@@ -91,12 +112,22 @@ def trimmed(body: dict) -> dict:
     return {**body, "metadata": meta}
 
 
+def _still_waiting(key: Key) -> bool:
+    """Whether a Checkpoint is not admitted yet, as our store has it (unknown: it may be)."""
+    body = cache.checkpoints.get(*key)
+    return body is None or checkpoint.waiting(body)
+
+
 class Runtime:
     """One per operator process: the settings, our queues, and the threads that work them."""
 
     def __init__(self, settings: Settings, admission_workers: int = ADMISSION_WORKERS) -> None:
         self.settings = settings
         self.admissions = WorkQueue("checkpoint-admission", admission_workers, self._admission_pass)
+        self.session_passes = WorkQueue("session-pass", SESSION_PASS_WORKERS, self._asked_session_pass)
+        self.fork_passes = WorkQueue("fork-pass", FORK_PASS_WORKERS, self._asked_fork_pass)
+        self.own_appends = Spaced(OWN_APPEND_GAP_SECONDS)
+        self._stood_by = False  # whether this replica has stood by since its last take-over
         self.pending_polls = PollQueue(pending_poll_seconds(settings))
         self.expiry = expiry.ExpiryQueue()
         self.resyncs = PollQueue(settings.resync_seconds)
@@ -109,20 +140,46 @@ class Runtime:
     def start(self) -> None:
         """Start the threads (daemons: they end with the process)."""
         metrics.admissions_waiting.set_function(lambda: len(self.admissions))
-        self.admissions.start()
+        for queue in (self.admissions, self.session_passes, self.fork_passes):
+            queue.start()
         for name, loop in (
             ("checkpoint-expiry", self._expiry_loop),
             ("session-resync", self._resync_loop),
             ("session-idle", self._idle_loop),
             ("session-heartbeat", self._heartbeat_loop),
+            ("session-own-appends", self._own_appends_loop),
             ("release-memory", self._release_memory_loop),
         ):
             threading.Thread(target=loop, name=name, daemon=True).start()
         for namespace in self.settings.namespaces or (None,):
-            watch = threading.Thread(
-                target=self._snapshot_watch_loop, args=(namespace,), name="snapshot-watch", daemon=True
-            )
-            watch.start()
+            for kind, selector, deliver, options in self.watched():
+                threading.Thread(
+                    target=watches.follow,
+                    args=(kind, namespace, selector, deliver),
+                    kwargs=options,
+                    name=f"watch-{kind.plural}",
+                    daemon=True,
+                ).start()
+
+    def watched(self) -> list[tuple[k8s.Kind, str, watches.Deliver, dict[str, Any]]]:
+        """What the runtime watches itself: each kind, its label selector, the function
+        each event goes to, and follow()'s options. The VolumeSnapshots are watched from
+        now on, never listed: a restart with 10,000 ready ones reads none. What a restart
+        or a lost watch (410 Gone) did not see, each Pending checkpoint's own pass (its
+        resume) or poll reads from its snapshot; after a 410 those polls come now."""
+        return [
+            (k8s.CHECKPOINTS, "", self.observe_checkpoint, {}),
+            (
+                k8s.VOLUME_SNAPSHOTS,
+                CHECKPOINT_LABEL,
+                self.observe_snapshot,
+                {"listing": False, "expired": self.pending_polls.hurry},
+            ),
+            *(
+                (kind, SESSION_LABEL, self.child_observer(kind.plural), {})
+                for kind in (k8s.PODS, k8s.CLAIMS, k8s.CONFIG_MAPS)
+            ),
+        ]
 
     # --- Checkpoints -----------------------------------------------------------------
 
@@ -145,36 +202,22 @@ class Runtime:
             elif isinstance(seen, tuple):  # (its snapshot, its uid): the Checkpoint is gone
                 checkpoint.drop_snapshot(key[0], *seen)
             elif isinstance(seen, SnapshotSettled):
-                checkpoint.reconcile_checkpoint(*key, self.settings, snapshot=seen.snapshot)
+                # Settled meanwhile (the snapshotter updates a ready snapshot again): nothing to do.
+                if cache.checkpoints.has(*key):
+                    checkpoint.reconcile_checkpoint(*key, self.settings, snapshot=seen.snapshot)
             elif isinstance(seen, Arrived):
                 checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen.body, seen_at=seen.at)
-            else:
-                checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen)
+            elif _still_waiting(key):  # filed by its Session's event: admitted meanwhile, it has no use
+                checkpoint.reconcile_checkpoint(*key, self.settings)
 
-    def _snapshot_watch_loop(self, namespace: str | None) -> None:
-        """Watch the Checkpoints' VolumeSnapshots from now on, never listing them: a restart
-        with 10,000 ready ones reads none. A snapshot that settles moves its Checkpoint on.
-        What a restart or a lost watch (410 Gone) did not see, each Pending checkpoint's own
-        pass (its resume) or poll reads from its snapshot; after a 410 those polls come now."""
-        version: str | None = None
-        while True:
-            try:
-                if version is None:
-                    version = k8s.volume_snapshots_version(namespace, CHECKPOINT_LABEL)
-                for event_type, body in k8s.watch_volume_snapshots(namespace, version, CHECKPOINT_LABEL):
-                    version = body.get("metadata", {}).get("resourceVersion") or version
-                    name = moves_checkpoint(event_type, body)
-                    key = (body.get("metadata", {}).get("namespace", ""), name or "")
-                    # Only a Checkpoint still unsettled (in the store): the snapshotter updates a
-                    # ready snapshot again, and a pass for a Ready checkpoint would only read it.
-                    if name is not None and cache.checkpoints.has(*key):
-                        self.admissions.file(key, SnapshotSettled(trimmed(body)))
-            except k8s.Expired:
-                version = None
-                self.pending_polls.hurry()
-            except Exception:  # the API server away: watch again from where it stopped
-                log.warning("the VolumeSnapshot watch failed; watching again", exc_info=True)
-                time.sleep(SNAPSHOT_WATCH_RETRY_SECONDS)
+    def observe_snapshot(self, event_type: str | None, body: dict) -> None:
+        """A VolumeSnapshot that settles moves its Checkpoint on: only one still unsettled
+        (in the store), since the snapshotter updates a ready snapshot again, and a pass for
+        a Ready checkpoint would only read it."""
+        name = moves_checkpoint(event_type, body)
+        key = (body.get("metadata", {}).get("namespace", ""), name or "")
+        if name is not None and cache.checkpoints.has(*key):
+            self.admissions.file(key, SnapshotSettled(trimmed(body)))
 
     def observe_checkpoint(self, event_type: str | None, body: dict) -> None:
         """A Checkpoint's watch event: its admission (new, or listed unsettled at start-up
@@ -197,13 +240,23 @@ class Runtime:
         pending = phase in (None, "Pending")
         if event_type != "DELETED" and pending and not meta.get("deletionTimestamp"):
             self.pending_polls.file(key)
-            if checkpoint.waiting(body):
-                # A Session not created yet is final after the short missing grace: look again then.
+            if phase is not None and checkpoint.waiting(body):
+                # Waiting (its admission found no Session, or one not Ready): a Session not
+                # created yet is final after the short missing grace, so look again then.
+                # Not a new one: its admission is on its way, and would only be polled.
                 self.pending_polls.hurry(self.settings.missing_grace.total_seconds() + 1, [key])
         else:
             self.pending_polls.drop(key)
         if event_type == "DELETED":
             forget("checkpoint", *key)
+        if phase in SETTLED_CHECKPOINT_PHASES:
+            # Forks waiting for it resolve now; a paused Session's reclaim checkpoint lets
+            # its pass delete (or keep) the claim: its checkpoint.created event comes a
+            # moment before Ready, so the pass that event starts may find it still Pending.
+            for name in fork.waiting_on_checkpoint(*key):
+                self.fork_passes.file((key[0], name))
+            if event_type == "MODIFIED" and (meta.get("labels") or {}).get(RECLAIM_LABEL) == "true":
+                self.session_passes.file((key[0], (body.get("spec") or {}).get("sessionName", "")))
 
     def _note_waiting(self, event_type: str | None, body: dict) -> None:
         meta = body["metadata"]
@@ -247,9 +300,12 @@ class Runtime:
             try:
                 if not peering.is_active(self.settings):  # a standby leaves expiry to the active one
                     listed = False
+                    self._stood_by = True
                 elif not listed:
                     expiry.sweep(self.settings, self.expiry)  # overdue at start-up (or take-over) expire at once
                     listed = True
+                    if self._stood_by:
+                        self._take_over()
                 else:
                     expiry.drain(self.settings, self.expiry)  # then only what the watch-fed queue says is due
                 if listed:
@@ -258,7 +314,53 @@ class Runtime:
                 log.exception("checkpoint expiry sweep failed")
             time.sleep(self.settings.expiry_interval_seconds)
 
+    def _take_over(self) -> None:
+        """This replica has just become the active one. Its watches kept running while it
+        stood by, and its passes were the active replica's: every unsettled checkpoint is
+        polled now (a poll finds what its admission has to do) and every Session resynced."""
+        self._stood_by = False
+        log.info("taking over: polling every unsettled checkpoint and resyncing every Session now")
+        self.pending_polls.hurry()
+        self.resyncs.hurry()
+
     # --- Sessions --------------------------------------------------------------------
+
+    def child_observer(self, plural: str) -> watches.Deliver:
+        """The function a Session child kind's watch events go to (observe_child)."""
+        return lambda event_type, body: self.observe_child(plural, event_type, body)
+
+    def observe_child(self, plural: str, event_type: str | None, body: dict) -> None:
+        """A Session's Pod, claim or ConfigMap changed: keep its body for the passes, and
+        ask for a pass of its Session only when it changes what the pass reads (each
+        checkpoint's snapshot adds and removes a finalizer on the claim; the start-up
+        listing is covered by the Sessions' resume passes). A heartbeat ConfigMap goes to
+        the heartbeat loop instead."""
+        if plural == "configmaps" and heartbeat_session(body) is not None:
+            heartbeat.observe(event_type, body)  # in memory only: the heartbeat loop writes the status
+            return
+        CHILD_STORES[plural].observe(event_type, body)
+        if sessions.relisted(plural, event_type, body):
+            self.resync_all_after_relist()
+        namespace = body["metadata"].get("namespace", "")
+        session = (body["metadata"].get("labels") or {}).get(SESSION_LABEL, "")
+        if not sessions.child_changed(plural, event_type, body):
+            return
+        own = plural == "configmaps" and event_type == "MODIFIED" and eventlog.newest_type(body) == OWN_APPEND
+        if not own or self.own_appends.ask((namespace, session)):
+            self.session_passes.file((namespace, session))
+        if plural != "configmaps":  # a rollback's steps wait on its Session's Pod going and its claim binding
+            for name in fork.rollbacks_waiting_on(namespace, session):
+                self.fork_passes.file((namespace, name))
+
+    def _own_appends_loop(self) -> None:
+        while True:
+            self.own_appends.later.wait(RESYNC_TICK_SECONDS)
+            for key in self.own_appends.due():
+                self.session_passes.file(key)
+
+    def _asked_session_pass(self, key: Key, _: object) -> None:
+        if peering.last_known(self.settings):  # a standby's passes are the active replica's
+            self.session_pass(*key)
 
     def session_pass(self, namespace: str, name: str, **options: Any) -> None:
         """One Session pass (controllers/session.reconcile_session's options)."""
@@ -273,6 +375,7 @@ class Runtime:
         if event_type == "DELETED":
             self.resyncs.drop(key)
             self.idle_timers.drop(key)
+            self.own_appends.forget(key)
             forget("session", namespace, name)
             heartbeat.forget(namespace, name)
             sessions.forget_restore(body["metadata"].get("uid", ""))
@@ -336,7 +439,13 @@ class Runtime:
 
     def fork_pass(self, namespace: str, name: str) -> None:
         with count_errors("fork"):
-            fork.reconcile_fork(namespace, name, self.settings)
+            handed_back = fork.reconcile_fork(namespace, name, self.settings)
+        if handed_back:  # its Pod on the restored claim now, not after the Session's watch event
+            self.session_passes.file((namespace, handed_back))
+
+    def _asked_fork_pass(self, key: Key, _: object) -> None:
+        if peering.last_known(self.settings):
+            self.fork_pass(*key)
 
     def _release_memory_loop(self) -> None:
         while True:

@@ -504,13 +504,13 @@ def test_the_snapshot_watch_starts_from_now_and_says_when_its_version_is_gone(s1
     """The operator watches VolumeSnapshots from the version of a one-item listing, so a
     restart reads none of the snapshots already there; a version the API server no longer
     keeps is Expired, after which the runtime watches from now again and polls Pending ones."""
-    version = k8s.volume_snapshots_version(namespace, CHECKPOINT_LABEL)
+    version = k8s.collection_version(k8s.VOLUME_SNAPSHOTS, namespace, CHECKPOINT_LABEL)
     make_checkpoint(crds, namespace, "watched")
     seen = []
-    for event_type, body in k8s.watch_volume_snapshots(namespace, version, CHECKPOINT_LABEL, timeout=20):
+    for event_type, body in k8s.watch(k8s.VOLUME_SNAPSHOTS, namespace, version, CHECKPOINT_LABEL, timeout=20):
         seen.append((event_type, body["metadata"].get("name")))
         if moves_checkpoint(event_type, body) == "watched":
             break
     assert seen[0] == ("ADDED", "sp-watched") and all(name == "sp-watched" for _, name in seen)
     with pytest.raises(k8s.Expired):
-        list(k8s.watch_volume_snapshots(namespace, "1", CHECKPOINT_LABEL, timeout=5))
+        list(k8s.watch(k8s.VOLUME_SNAPSHOTS, namespace, "1", CHECKPOINT_LABEL, timeout=5))

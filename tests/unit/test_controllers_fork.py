@@ -247,9 +247,7 @@ def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
         "name": "sp-cp",
     }
     assert fork_status(api)["phase"] == "Restoring"
-
-    reconcile_fork(NS, "f", SETTINGS)  # the Pod goes first
-    assert api.names("pods") == []
+    assert api.names("pods") == []  # the Pod goes first, in the same pass
     reconcile_fork(NS, "f", SETTINGS)  # the new claim is not Bound yet: wait
     assert api.get("sessions", NS, "s")["status"]["workspaceClaimName"] == "s-workspace"
 
@@ -262,12 +260,14 @@ def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
     assert s["status"]["workspaceClaimName"] == claim
     assert RESTORING_ANNOTATION not in (s["metadata"].get("annotations") or {})
     assert api.names("persistentvolumeclaims") == [claim]
-    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2026-01-02T00:00:00Z"
     rollbacks = [e for e in log(api).read() if e.type == "session.rollback"]
     assert [(e.data["toSequence"], e.data["fork"]) for e in rollbacks] == [(2, "uid-f")]
 
+    # The checkpoint's expiry starts again once the Session is back, with the Fork's success.
+    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] == "2026-01-02T00:00:00Z"
     reconcile_fork(NS, "f", SETTINGS)
     assert fork_status(api)["phase"] == "Succeeded"
+    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2026-01-02T00:00:00Z"
 
 
 @pytest.mark.parametrize(

@@ -273,35 +273,32 @@ def test_the_operator_caps_malloc_arenas():
 # --- what kopf watches ----------------------------------------------------------------
 
 
-def test_every_watched_child_kind_is_selected_by_label_on_the_server():
-    """kopf applies a handler's labels= filter after receiving the object: each kind with
-    such a handler needs the same label as a server-side selector, or kopf lists and
-    watches every Pod, claim or ConfigMap in the namespace."""
+def test_kopf_watches_only_sessions_and_forks_and_our_watches_select_children_by_label():
+    """Every event of a Checkpoint, a VolumeSnapshot or a Session's child went through
+    kopf's handler machinery, most of the operator's CPU under a burst of checkpoints:
+    those kinds are the runtime's own watches. The children are selected by label on the
+    server, or every Pod, claim and ConfigMap in a namespace would be listed and watched."""
     import kopf
-    from kopf._cogs.structs.references import Resource
 
-    from savepoint import handlers
+    from savepoint import handlers  # noqa: F401  (registers the handlers)
+    from savepoint.checkpoint import CHECKPOINT_LABEL
+    from savepoint.session import SESSION_LABEL
 
-    settings = kopf.OperatorSettings()
-    handlers.operator.operator_configure(settings=settings, memo=_memo())
     registry = kopf.get_default_registry()
-    filtered = [h for reg in (registry._watching, registry._changing) for h in reg.get_all_handlers() if h.labels]
-    assert {h.selector.any_name for h in filtered} >= {
-        "pods",
-        "persistentvolumeclaims",
-        "configmaps",
+    kinds = {
+        h.selector.any_name
+        for reg in (registry._watching, registry._changing, registry._spawning, registry._indexing)
+        for h in reg.get_all_handlers()
     }
-    # VolumeSnapshots are the runtime's own watch (from now on, selected by label), not kopf's.
-    assert "volumesnapshots" not in {
-        h.selector.any_name for reg in (registry._watching,) for h in reg.get_all_handlers()
+    assert kinds == {"sessions", "forks"}
+    selectors = {kind.plural: selector for kind, selector, _, _ in _memo().runtime.watched()}
+    assert selectors == {
+        "checkpoints": "",
+        "volumesnapshots": CHECKPOINT_LABEL,
+        "pods": SESSION_LABEL,
+        "persistentvolumeclaims": SESSION_LABEL,
+        "configmaps": SESSION_LABEL,
     }
-    for handler in filtered:
-        sel = handler.selector
-        resource = Resource(group=sel.group, version=sel.version, plural=sel.any_name)
-        (server_side,) = settings.watching.label_selectors.collect(resource)
-        required = {term for term in server_side.split(",") if not term.startswith("!")}
-        assert required == set(handler.labels), f"{sel.any_name}: {server_side} vs {handler.labels}"
-    assert settings.watching.label_selectors.collect(Resource("savepoint.dev", "v1alpha1", "sessions")) == []
 
 
 def test_kopf_lists_a_page_at_a_time():
@@ -427,3 +424,24 @@ def test_handlers_hold_no_queue_thread_or_settings():
         for forbidden in ("threading", "Thread(", "PollQueue", "WorkQueue", "load()", "time.sleep"):
             assert forbidden not in source, f"{module.__name__} has {forbidden}"
     assert not [t for t in threads.enumerate() if t.name.startswith(("checkpoint-", "session-"))]
+
+
+def test_the_kubeconfig_credential_hook_runs_at_most_once_a_second(monkeypatch):
+    """The hook sets every connection setting again (and looks up proxies) before each
+    request; spaced, it still runs first, and again once a second has passed."""
+    now = [100.0]
+    monkeypatch.setattr(k8s.time, "monotonic", lambda: now[0])
+    calls: list[float] = []
+    conf = client.Configuration()
+    conf.api_key = {"BearerToken": "t"}
+    conf.refresh_api_key_hook = lambda c: calls.append(now[0])
+    k8s._space_credential_refresh(conf)
+    for _ in range(5):
+        conf.get_api_key_with_prefix("BearerToken")
+    assert calls == [100.0]
+    now[0] = 101.0
+    conf.get_api_key_with_prefix("BearerToken")
+    assert calls == [100.0, 101.0]
+    bare = client.Configuration()
+    k8s._space_credential_refresh(bare)  # no hook (a token given directly): nothing to space
+    assert bare.refresh_api_key_hook is None

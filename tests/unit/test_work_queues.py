@@ -10,7 +10,7 @@ from savepoint.config import Settings
 from savepoint.controllers.expiry import ExpiryQueue
 from savepoint.controllers.session import child_changed, made_child, relisted
 from savepoint.polling import PollQueue, WorkQueue
-from savepoint.session import child_digest
+from savepoint.session import SESSION_LABEL, child_digest
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
@@ -200,7 +200,6 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     import asyncio
 
     from savepoint import controllers
-    from savepoint.handlers.checkpoint import checkpoint_event
     from savepoint.handlers.fork import fork_event
     from savepoint.handlers.session import session_resync_clock
 
@@ -213,9 +212,9 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     passes("fork", "f")
     body = checkpoint("c", "Ready", NOW)
     memo = runtime_memo()
-    asyncio.run(checkpoint_event(type="MODIFIED", body=body, memo=memo))
+    memo.runtime.observe_checkpoint("MODIFIED", body)
     assert ("checkpoint", "ns", "c") in controllers._done  # only a deletion forgets
-    asyncio.run(checkpoint_event(type="DELETED", body=body, memo=memo))
+    memo.runtime.observe_checkpoint("DELETED", body)
     asyncio.run(session_resync_clock(type="DELETED", body={"metadata": {"namespace": "ns", "name": "s"}}, memo=memo))
     fork = {"metadata": {"namespace": "ns", "name": "f"}}
     asyncio.run(fork_event(type="DELETED", body=fork, namespace="ns", name="f"))
@@ -293,19 +292,15 @@ def test_work_queue_threads_outlive_a_failing_pass():
     assert [t.name for t in threading.enumerate()].count("unit-0") == 1
 
 
-def test_a_new_checkpoint_waits_in_our_queue_trimmed_not_in_kopf(monkeypatch):
-    """kopf's watch handler returns at once, filing a key and the body without
+def test_a_new_checkpoint_waits_in_our_queue_trimmed(monkeypatch):
+    """The watch's thread returns at once, filing a key and the body without
     managedFields; the pass runs on the queue's threads."""
-    import asyncio
-
-    from savepoint.handlers import checkpoint as handlers
-
     queue = WorkQueue("unit", 0, lambda key, payload: None)
     memo = runtime_memo(admissions=queue)
     body = checkpoint("c", None, NOW)
     body["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
-    asyncio.run(handlers.checkpoint_event(type="ADDED", body=body, memo=memo))
-    asyncio.run(handlers.checkpoint_event(type=None, body=checkpoint("done", "Ready", NOW), memo=memo))
+    memo.runtime.observe_checkpoint("ADDED", body)
+    memo.runtime.observe_checkpoint(None, checkpoint("done", "Ready", NOW))
     key, seen = queue.take(0)
     assert key == ("ns", "c")
     assert "managedFields" not in seen.body["metadata"] and seen.body["metadata"]["name"] == "c"
@@ -319,27 +314,24 @@ def test_only_a_new_or_listed_unsettled_checkpoint_is_filed_for_admission():
     (start-up, take-over) of an unsettled checkpoint files it; the operator's own status
     writes (MODIFIED) do not file it again; a deletion with kopf's old finalizer files its
     release."""
-    import asyncio
-
-    from savepoint.handlers import checkpoint as handlers
     from savepoint.runtime import RELEASE
 
     queue = WorkQueue("unit", 0, lambda key, payload: None)
     memo = runtime_memo(admissions=queue)
     pending = checkpoint("pending", "Pending", NOW + timedelta(days=1))
-    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=pending, memo=memo))
+    memo.runtime.observe_checkpoint("MODIFIED", pending)
     assert queue.take(0) is None
-    asyncio.run(handlers.checkpoint_event(type=None, body=pending, memo=memo))
+    memo.runtime.observe_checkpoint(None, pending)
     assert queue.take(0)[0] == ("ns", "pending")
     for settled in ("Ready", "Failed", "Rejected", "Expired"):
-        asyncio.run(handlers.checkpoint_event(type=None, body=checkpoint("s", settled, NOW), memo=memo))
+        memo.runtime.observe_checkpoint(None, checkpoint("s", settled, NOW))
     assert queue.take(0) is None
     old = checkpoint("old", "Ready", NOW, deleting=True)
     old["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
-    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=old, memo=memo))
+    memo.runtime.observe_checkpoint("MODIFIED", old)
     assert queue.take(0) == (("ns", "old"), RELEASE)
     old["metadata"]["finalizers"] = []
-    asyncio.run(handlers.checkpoint_event(type="MODIFIED", body=old, memo=memo))
+    memo.runtime.observe_checkpoint("MODIFIED", old)
     assert queue.take(0) is None
 
 
@@ -359,22 +351,24 @@ def test_a_re_list_is_told_from_the_start_up_listing():
 
 
 def test_a_re_list_brings_every_session_resync_forward_once(monkeypatch):
-    from savepoint.handlers import session as handlers
-
     now = [1000.0]
     queue = PollQueue(600, clock=lambda: now[0])
     for name in ("a", "b"):
         queue.file(("ns", name))
-    memo = runtime_memo(resyncs=queue)
-    pods = SimpleNamespace(plural="pods")
+    passes = WorkQueue("unit", 0, lambda key, payload: None)
+    memo = runtime_memo(resyncs=queue, session_passes=passes)
     pod = claim(uid="relist-pod-uid", phase="Running")
-    pod["metadata"]["name"] = "relist-pod"
-    assert not handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # start-up listing
-    assert queue.take_due() == []
-    assert not handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # the re-list
+    pod["metadata"].update(name="relist-pod", labels={SESSION_LABEL: "a"})
+    memo.runtime.observe_child("pods", None, pod)  # start-up listing: the resume passes cover it
+    assert queue.take_due() == [] and passes.take(0) is None
+    memo.runtime.observe_child("pods", None, pod)  # the re-list
     assert sorted(queue.take_due()) == [("ns", "a"), ("ns", "b")]
-    handlers._child_changed(type=None, body=pod, resource=pods, memo=memo)  # the next child of the same re-list
+    assert passes.take(0) is None  # unchanged: the resyncs cover what went meanwhile
+    memo.runtime.observe_child("pods", None, pod)  # the next child of the same re-list
     assert queue.take_due() == []
+    pod["status"]["phase"] = "Failed"
+    memo.runtime.observe_child("pods", "MODIFIED", pod)
+    assert passes.take(0)[0] == ("ns", "a")
 
 
 def test_poll_queue_hurries_all_keys_or_some():
@@ -458,3 +452,60 @@ def test_the_cache_is_bounded_dropping_the_least_recently_written():
     store.put({"metadata": {"namespace": "ns", "name": "b", "resourceVersion": "2"}})  # b is now the newest
     store.put({"metadata": {"namespace": "ns", "name": "d", "resourceVersion": "1"}})
     assert store.get("ns", "c") is None and store.get("ns", "b") is not None
+
+
+def test_spaced_passes_the_first_at_once_and_the_rest_of_its_gap_as_one():
+    from savepoint.polling import Spaced
+
+    now = [100.0]
+    spaced = Spaced(2.0, clock=lambda: now[0])
+    key = ("ns", "s")
+    assert spaced.ask(key)  # the first: at once
+    now[0] = 100.5
+    assert not spaced.ask(key)
+    now[0] = 101.0
+    assert not spaced.ask(key)  # the same deferred pass
+    assert spaced.due() == []
+    now[0] = 102.0
+    assert spaced.due() == [key]  # one pass for both, at the gap's end
+    assert spaced.due() == []
+    now[0] = 103.0
+    assert not spaced.ask(key)  # its gap started again at 102
+    now[0] = 104.5
+    assert spaced.due() == [key]
+    now[0] = 107.0
+    assert spaced.ask(key) and spaced.ask(("ns", "other"))  # quiet for a gap: at once again
+    spaced.forget(key)
+    assert spaced.ask(key)
+
+
+def test_the_newest_event_of_a_chunk_is_read_from_its_highest_key():
+    from savepoint.eventlog import newest_type
+
+    chunk = {"data": {"000000000002": '{"type": "checkpoint.created"}', "000000000001": '{"type": "run.started"}'}}
+    assert newest_type(chunk) == "checkpoint.created"
+    assert newest_type({"data": {}}) is None
+    assert newest_type({"data": {"000000000001": "not json"}}) is None
+    assert newest_type({"data": {"000000000001": "[1]"}}) is None
+
+
+def test_only_the_passes_for_our_own_checkpoint_created_appends_are_spaced():
+    """A burst of checkpoints of one Session: the first checkpoint.created starts a pass at
+    once, the next within the gap wait for one pass at its end; any other append (the
+    sandbox's) starts its pass at once."""
+    passes = WorkQueue("unit", 0, lambda key, payload: None)
+    memo = runtime_memo(session_passes=passes)
+
+    def chunk(version: int, newest: str) -> dict:
+        meta = {"namespace": "ns", "name": "s-log-000001", "uid": "u", "resourceVersion": str(version)}
+        return {
+            "metadata": {**meta, "labels": {SESSION_LABEL: "s"}},
+            "data": {f"{version:012d}": f'{{"type": "{newest}"}}'},
+        }
+
+    memo.runtime.observe_child("configmaps", "MODIFIED", chunk(1, "checkpoint.created"))
+    assert passes.take(0) == (("ns", "s"), None)
+    memo.runtime.observe_child("configmaps", "MODIFIED", chunk(2, "checkpoint.created"))
+    assert passes.take(0) is None and ("ns", "s") in memo.runtime.own_appends.later
+    memo.runtime.observe_child("configmaps", "MODIFIED", chunk(3, "run.started"))
+    assert passes.take(0) == (("ns", "s"), None)

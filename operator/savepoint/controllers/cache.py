@@ -95,6 +95,11 @@ class Store:
         with self._lock:
             return (namespace, name) in self._bodies
 
+    def names(self, namespace: str, where: Callable[[dict], bool]) -> list[str]:
+        """The names of the bodies kept in a namespace for which `where` is true."""
+        with self._lock:
+            return sorted(name for (ns, name), body in self._bodies.items() if ns == namespace and where(body))
+
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -142,14 +143,22 @@ def _snapshot_class(driver: str | None, wanted: str | None) -> str | None:
     return found or pick_snapshot_class(k8s.list_volume_snapshot_classes(), driver, wanted)
 
 
+# Threads that read a namespace's checkpoint policy beside an admission's log read.
+_policy_reads = ThreadPoolExecutor(4, thread_name_prefix="policy-read")
+
+
+def _policy(namespace: str, seen_at: float | None, settings: Settings):
+    return policy_from_annotations(cache.namespace_annotations(namespace, seen_at), settings.default_checkpoint_ttl)
+
+
 def observe_admission(
     namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings, seen_at: float | None = None
 ):
     """Everything admit() needs, read from the cluster; shared with the webhook. `seen_at`
     is when the watch delivered the Checkpoint (monotonic), None for now."""
-    # A policy annotated a moment before the checkpoint was made applies to it.
-    annotations = cache.namespace_annotations(namespace, seen_at)
-    policy = policy_from_annotations(annotations, settings.default_checkpoint_ttl)
+    # A policy annotated a moment before the checkpoint was made applies to it: read on
+    # another thread while this one reads the log, so the two reads take one round trip.
+    reading = _policy_reads.submit(_policy, namespace, seen_at, settings)
     session = cache.session(namespace, spec.session_name)
     view = SessionView(exists=False)
     snapshot_class = None
@@ -169,7 +178,8 @@ def observe_admission(
         claim = status.get("workspaceClaimName")
         if phase in (None, SessionPhase.PROVISIONING):
             # Admission waits for it: quota and the snapshot class are looked at once it is Ready.
-            return policy, session, SessionView(exists=True, phase=phase, claim=claim), QuotaUse(0, 0), None
+            view = SessionView(exists=True, phase=phase, claim=claim)
+            return reading.result(), session, view, QuotaUse(0, 0), None
         pvc = cache.claim(namespace, claim) if claim else None
         driver = k8s.csi_driver_of_claim(pvc) if pvc else None
         wanted = ((session.get("spec") or {}).get("workspace") or {}).get("volumeSnapshotClassName")
@@ -181,6 +191,7 @@ def observe_admission(
             cursor=view_cursor,
             hooks=hooks_of(session.get("spec")) is not None,
         )
+    policy = reading.result()
     if policy.max_checkpoints is None and policy.max_checkpoint_bytes is None:
         # No quota to check: skip listing every checkpoint in the namespace, which costs
         # O(checkpoints) per admission and dominated admission at thousands of them.
@@ -248,18 +259,6 @@ def _admit(body: dict, settings: Settings, seen_at: float | None) -> None:
         )
         return
     assert session is not None and snapshot_class is not None
-    # Tie the Checkpoint to its Session: deleting the Session deletes its checkpoints.
-    k8s.patch_custom(
-        "checkpoints",
-        meta["namespace"],
-        meta["name"],
-        {
-            "metadata": {
-                "ownerReferences": [{**owner_reference(session), "controller": False}],
-                "labels": {SESSION_LABEL: spec.session_name},
-            }
-        },
-    )
     cursor = view.cursor or event_log(session).cursor()
     created = _now()
     session_spec = session.get("spec") or {}
@@ -344,6 +343,7 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         # finalizer ran): the garbage collector is deleting it; ours is made once it is gone.
         k8s.request_volume_snapshot_deletion(namespace, vs_name)
         return
+    _tie_to_session(body)
     state = snapshot_state(snapshot)
     if state.error:
         checkpoint_hooks.after_cut(body, write_status)
@@ -364,7 +364,34 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
     _become_ready(body, state.restore_size)
 
 
+def _tie_to_session(body: dict) -> None:
+    """Make the Checkpoint its Session's (an ownerReference, and the session label), so
+    deleting the Session deletes its checkpoints. After the snapshot is asked for, not
+    before: it is not on the way to the snapshot, which starts one request sooner."""
+    meta, name = body["metadata"], body["spec"]["sessionName"]
+    if any(r.get("kind") == "Session" and r.get("name") == name for r in meta.get("ownerReferences") or ()):
+        return
+    session = body["status"].get("_session") or cache.session(meta["namespace"], name)
+    if session is None:
+        return  # gone: its deletion takes nothing of ours with it, and the Ready write finds out
+    patched = k8s.patch_custom(
+        "checkpoints",
+        meta["namespace"],
+        meta["name"],
+        {
+            "metadata": {
+                "ownerReferences": [{**owner_reference(session), "controller": False}],
+                "labels": {SESSION_LABEL: name},
+            }
+        },
+    )
+    if patched is not None:
+        meta["ownerReferences"] = patched["metadata"].get("ownerReferences")
+        cache.checkpoints.put(patched)
+
+
 def _fail(body: dict, reason: FailReason, message: str) -> None:
+    _tie_to_session(body)  # a Failed one goes with its Session too
     write_status(
         body,
         {

@@ -99,29 +99,64 @@ def _fail(body: dict, err: ForkError) -> None:
     )
 
 
-def reconcile_fork(namespace: str, name: str, settings: Settings) -> None:
+# --- which forks an event moves on ------------------------------------------------------
+# Read from the unfinished Forks the cache keeps (fed by their watch and our own writes).
+
+
+def waiting_on_session(namespace: str, session: str) -> list[str]:
+    """Unfinished forks by the session they wait on (status.targetSession: the fork's new
+    session, or the session a rollback swaps), so that session's events move them on."""
+    return cache.forks.names(namespace, lambda f: (f.get("status") or {}).get("targetSession") == session)
+
+
+def rollbacks_waiting_on(namespace: str, session: str) -> list[str]:
+    """The unfinished rollbacks among those: only a rollback's steps wait on the Session's
+    Pod and claim (a fork's new Session tells it all through its own status)."""
+    return cache.forks.names(
+        namespace,
+        lambda f: (
+            (f.get("spec") or {}).get("mode") == ForkMode.ROLLBACK
+            and (f.get("status") or {}).get("targetSession") == session
+        ),
+    )
+
+
+def waiting_on_checkpoint(namespace: str, checkpoint: str) -> list[str]:
+    """Unfinished forks still waiting for this checkpoint (no plan resolved yet)."""
+    return cache.forks.names(
+        namespace,
+        lambda f: (
+            ((f.get("spec") or {}).get("source") or {}).get("checkpoint") == checkpoint
+            and not (f.get("status") or {}).get("plan")
+        ),
+    )
+
+
+def reconcile_fork(namespace: str, name: str, settings: Settings) -> str | None:
+    """One pass; the name of the Session a rollback handed back in it (released from its
+    hold, on the restored claim), whose own pass then starts its Pod."""
     with object_lock("fork", namespace, name):
-        _reconcile(namespace, name, settings)
+        return _reconcile(namespace, name, settings)
 
 
-def _reconcile(namespace: str, name: str, settings: Settings) -> None:
+def _reconcile(namespace: str, name: str, settings: Settings) -> str | None:
     body = cache.fork(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
-        return
+        return None
     status = body.get("status") or {}
     if status.get("phase") in FINISHED_FORK_PHASES:
-        return
+        return None
     spec = ForkSpec.model_validate(body["spec"])
     try:
         plan = resolve(namespace, spec, body, settings)
         if spec.mode == ForkMode.ROLLBACK:
-            _rollback(body, spec, plan, settings)
-        else:
-            _fork(body, spec, plan)
+            return _rollback(body, spec, plan, settings)
+        _fork(body, spec, plan)
     except ForkWait as wait:
         _write_waiting(body, str(wait))
     except ForkError as err:
         _fail(body, err)
+    return None
 
 
 def _write_waiting(body: dict, message: str) -> None:
@@ -321,7 +356,7 @@ def _succeed(body: dict, target: str) -> None:
 # --- rollback ---------------------------------------------------------------------------
 
 
-def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> None:
+def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str | None:
     meta = body["metadata"]
     namespace = meta["namespace"]
     session = k8s.get_custom("sessions", namespace, plan.source_session)
@@ -337,8 +372,11 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             # Swapped and released on an earlier pass: wait for the session to come back
             # (a run may already have started on the restored workspace).
             if sstatus.get("phase") in LIVE_PHASES:
+                # The checkpoint's expiry starts again now that the session runs on it: after
+                # the Session is back, not on its way (a retried pass refreshes it again).
+                _refresh_expiry(namespace, plan.checkpoint, settings)
                 _succeed(body, name)
-            return
+            return None
         phase = sstatus.get("phase")
         running = busy(name, phase)
         if running:
@@ -359,32 +397,36 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
             {"phase": ForkPhase.RESTORING.value, "targetSession": name},
             event=("Restoring", f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"),
         )
-        return  # the Session controller deletes the Pod; the next pass continues
+        # On at once: a Session pass that started before the hold may still make the Pod
+        # again, and step 1 deletes it again on the next pass.
 
     # 1. The Pod must be gone: running processes do not survive a rollback.
     pod = k8s.get_pod(namespace, pod_name(name))
     if pod is not None:
         k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
-        return
+        return None
     # 2. A new claim restored from the snapshot (made on the first pass; a restart may have missed it).
-    pvc = k8s.get_pvc(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
+    pvc = cache.claim(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
     failpoints.hit("rollback.after_claim_created")
     if (pvc.get("status") or {}).get("phase") != "Bound":
-        return
-    # 3. The rollback is recorded in the same log, once.
+        return None
+    # 3. The rollback is recorded in the same log, once: written against the chunk watch's
+    # copy of the newest chunk (a stale copy costs a fresh read, never a repeat).
     elog = event_log(session)
-    tail = elog.read(from_seq=max(1, plan.through_sequence + 1), partial=True)
-    if not any(e.type == "session.rollback" and e.data.get("fork") == meta["uid"] for e in tail):
-        elog.append(
-            "session.rollback",
-            {
-                "checkpoint": plan.checkpoint,
-                "toSequence": plan.through_sequence,
-                "toEventId": plan.through_event_id,
-                "fork": meta["uid"],
-            },
-        )
-    # 4. Swap the claim in, release the old one, refresh the checkpoint's expiry.
+    elog.seed(cache.chunks.newest(namespace, name))
+    elog.append_once(
+        "session.rollback",
+        {
+            "checkpoint": plan.checkpoint,
+            "toSequence": plan.through_sequence,
+            "toEventId": plan.through_event_id,
+            "fork": meta["uid"],
+        },
+        after=plan.through_sequence,
+        same=lambda e: e.type == "session.rollback" and e.data.get("fork") == meta["uid"],
+    )
+    # 4. Swap the claim in, release the old one (the checkpoint's expiry is refreshed once
+    # the Session is back).
     started = time.monotonic()
     swapped = {
         "workspaceClaimName": claim,
@@ -397,11 +439,11 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> Non
     for other in k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"):
         if other["metadata"]["name"] != claim and not other["metadata"].get("deletionTimestamp"):
             k8s.delete_pvc(namespace, other["metadata"]["name"])
-    _refresh_expiry(namespace, plan.checkpoint, settings)
     # 5. Hand the session back to its controller, which starts the Pod on the new claim.
     released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
     cache.sessions.put(k8s.patch_custom("sessions", namespace, name, released))
     log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
+    return name
 
 
 def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:

@@ -8,22 +8,9 @@ from pathlib import Path
 import kopf
 
 from savepoint import k8s
-from savepoint.session import SESSION_LABEL
 
 # How long kopf keeps an idle per-object worker (see operator_configure).
 WORKER_IDLE_SECONDS = 0.05
-
-# The kinds the operator watches but does not own, and the label selector that picks the
-# ones it made. Server-side selectors: otherwise kopf lists and watches every Pod, claim
-# and ConfigMap in the watched namespaces, and in a shared cluster thousands of unrelated
-# objects would each cost a trip through kopf (memory at start-up, CPU on every change)
-# only for the handlers' label filters to turn them away. VolumeSnapshots are not kopf's
-# to watch: the runtime watches them from now on, without listing (runtime.py).
-CHILD_SELECTORS = {
-    ("", "v1", "pods"): SESSION_LABEL,
-    ("", "v1", "persistentvolumeclaims"): SESSION_LABEL,
-    ("", "v1", "configmaps"): SESSION_LABEL,
-}
 
 
 class QuietWatchHandlers(logging.Filter):
@@ -54,8 +41,6 @@ def operator_configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: ob
         prefix="savepoint.dev", key="last-handled-configuration"
     )
     settings.posting.level = logging.INFO
-    for resource, label in CHILD_SELECTORS.items():
-        settings.watching.label_selectors[resource] = label
     settings.watching.server_timeout = 300
     # Cluster-wide, one listing would be every Checkpoint at once: a response of tens of
     # megabytes parsed whole, whose peak the heap keeps long after (docs/performance.md).
