@@ -198,7 +198,10 @@ def reconcile_session(
     def reconcile() -> float | None:
         fresh = seen is not None and not has_run("session", namespace, name)
         if fresh:
-            body = seen
+            # The listed body, unless this process has written or seen a newer one since:
+            # a rollback's resume pass may have swapped the claim and deleted the old one
+            # meanwhile, and a pass from the older body would make that claim again, empty.
+            body = cache.newest(seen, cache.sessions.get(namespace, name)) if cached else seen
         elif cached:
             # The newest of what this event brought and what the watch (or our own last
             # write) showed: every writer of Sessions in this process writes through.
