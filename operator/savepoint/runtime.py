@@ -37,6 +37,7 @@ from savepoint.config import Settings
 from savepoint.constants import RECLAIM_LABEL
 from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heartbeat
 from savepoint.controllers import session as sessions
+from savepoint.logdigest import CHECKPOINT_CREATED
 from savepoint.metrics import count_errors
 from savepoint.models import SETTLED_CHECKPOINT_PHASES
 from savepoint.polling import DeadlineQueue, PollQueue, Spaced, WorkQueue
@@ -73,8 +74,6 @@ RELEASE_MEMORY_SECONDS = 30.0
 
 # What an admission thread is filed for a Checkpoint being deleted that still has kopf's finalizer.
 RELEASE = "release"
-# The event each Ready checkpoint appends to its Session's log (controllers/checkpoint.py).
-OWN_APPEND = "checkpoint.created"
 # The Sessions' children, each kind's store for the passes (controllers/cache.py).
 CHILD_STORES: dict[str, cache.Store | cache.Chunks] = {
     "pods": cache.pods,
@@ -345,7 +344,7 @@ class Runtime:
         session = (body["metadata"].get("labels") or {}).get(SESSION_LABEL, "")
         if not sessions.child_changed(plural, event_type, body):
             return
-        own = plural == "configmaps" and event_type == "MODIFIED" and eventlog.newest_type(body) == OWN_APPEND
+        own = plural == "configmaps" and event_type == "MODIFIED" and eventlog.newest_type(body) == CHECKPOINT_CREATED
         if not own or self.own_appends.ask((namespace, session)):
             self.session_passes.file((namespace, session))
         if plural != "configmaps":  # a rollback's steps wait on its Session's Pod going and its claim binding

@@ -48,6 +48,7 @@ from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor
 from savepoint.hooks import hooks_of
+from savepoint.logdigest import CHECKPOINT_CREATED
 from savepoint.models import CheckpointPhase, CheckpointSpec, SessionPhase
 from savepoint.session import LIVE_PHASES, SESSION_LABEL, owner_reference
 
@@ -429,7 +430,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         elog.seed(cache.chunks.newest(meta["namespace"], spec["sessionName"]))
         # Once: a retried pass finds its own event after the cut, by the checkpoint's uid.
         elog.append_once(
-            "checkpoint.created",
+            CHECKPOINT_CREATED,
             {
                 "checkpoint": meta["name"],
                 "uid": meta["uid"],
@@ -438,7 +439,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
                 "label": spec.get("label"),
             },
             after=status.get("throughSequence") or 0,
-            same=lambda e: e.type == "checkpoint.created" and e.data.get("uid") == meta["uid"],
+            same=lambda e: e.type == CHECKPOINT_CREATED and e.data.get("uid") == meta["uid"],
             newest_hint=((watched.get("status") or {}).get("eventLog") or {}).get("chunks"),
         )
         # The Session's own pass, woken by this append, sets status.latestCheckpoint from the log.
