@@ -56,8 +56,10 @@ def main() -> None:
 
     metrics.observe_eventlog()
     eventlog.on_chunk = cache.chunks.put  # our own chunk reads and writes, for the passes (controllers/logview.py)
+    eventlog.on_written = cache.chunks.written  # ours count as fresh reads for admission's cut
     metrics.count_kopf_requests()
     metrics.serve(settings.metrics_port)
+    memory.freeze_startup()
     runtime.start()
 
     async def run() -> None:

@@ -100,6 +100,10 @@ on_retention: Callable[[str, int], None] | None = None
 # Called with each chunk this process reads by name or writes, as the API server answered
 # (a ConfigMap): the operator keeps the newest chunk of each log from its watch and these.
 on_chunk: Callable[[dict[str, Any]], None] | None = None
+# Called with each chunk this process writes, after on_chunk, and the monotonic time the
+# write was sent. A conditional write only lands on the newest chunk, so the answer is
+# the log's newest chunk as it was at some moment after then: as good as a read sent then.
+on_written: Callable[[dict[str, Any], float], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -1206,19 +1210,21 @@ class EventLog:
             "metadata": metadata,
             "data": {_seq_key(e.seq): e.to_json() for e in events},
         }
+        sent = time.monotonic()
         resp = self.core.create_namespaced_config_map(
             self.namespace,
             body,
             _preload_content=False,
             _request_timeout=self.request_timeout,
         )
-        return self._parsed(json.loads(resp.data), index)
+        return self._parsed(json.loads(resp.data), index, sent)
 
     def _patch(self, chunk: _Chunk, patch: dict[str, Any]) -> _Chunk:
         # A merge patch carrying metadata.resourceVersion is applied only if the object
         # still has that version (409 otherwise): the same optimistic concurrency as a
         # replace, without sending the whole chunk back for each event.
         body = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": chunk.resource_version}}
+        sent = time.monotonic()
         resp = self.core.patch_namespaced_config_map(
             chunk.name,
             self.namespace,
@@ -1227,13 +1233,15 @@ class EventLog:
             _preload_content=False,
             _request_timeout=self.request_timeout,
         )
-        return self._parsed(json.loads(resp.data), chunk.index)
+        return self._parsed(json.loads(resp.data), chunk.index, sent)
 
     @staticmethod
-    def _parsed(obj: dict[str, Any], index: int) -> _Chunk:
+    def _parsed(obj: dict[str, Any], index: int, written_at: float | None = None) -> _Chunk:
         chunk = _parse_chunk(obj, index)
         if on_chunk is not None:
             on_chunk(obj)
+        if written_at is not None and on_written is not None:
+            on_written(obj, written_at)
         return chunk
 
     def _delete_chunk(self, name: str) -> None:

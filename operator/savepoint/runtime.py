@@ -60,7 +60,7 @@ FORK_PASS_WORKERS = 4
 # A Session's passes for the checkpoint.created events our own checkpoints append: at most
 # one per this many seconds (the first at once). Under a burst each one was a Session
 # status write for a latestCheckpoint the next one replaced a moment later.
-OWN_APPEND_GAP_SECONDS = 2.0
+OWN_APPEND_GAP_SECONDS = 5.0
 RESYNC_TICK_SECONDS = 5.0
 # A resync that failed (the API server away) is tried again this soon, not a whole
 # resync interval later.

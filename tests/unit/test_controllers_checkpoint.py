@@ -351,3 +351,28 @@ def test_one_namespace_read_serves_every_checkpoint_that_arrived_before_it(api):
         assert namespace_reads() == 3
     finally:
         cache.clear()
+
+
+def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothing_else(api):
+    """A storm of thousands costs a read, the deletion and the status each: no Event."""
+    from savepoint.controllers.expiry import ExpiryQueue, drain
+
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    _ready_snapshot(api)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    past = rfc3339(datetime.now(UTC) - timedelta(seconds=1))
+    api.patch("checkpoints", NS, "cp", {"status": {"expiresAt": past}}, status=True)
+    queue = ExpiryQueue()
+    queue.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
+    api.requests.clear()
+    api.events.clear()
+    assert drain(SETTINGS, queue)["expired"] == 1
+    assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
+    assert [(r.verb, r.kind) for r in api.requests] == [
+        ("get", "checkpoints"),
+        ("delete", "volumesnapshots"),
+        ("patch_status", "checkpoints"),
+    ]
+    assert api.events == []

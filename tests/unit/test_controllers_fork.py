@@ -287,3 +287,24 @@ def test_a_rollback_of_a_session_that_is_busy_or_not_ready_fails_untouched(api, 
     assert (fork_status(api)["phase"], fork_status(api)["reason"]) == ("Failed", reason)
     assert RESTORING_ANNOTATION not in (api.get("sessions", NS, "s")["metadata"].get("annotations") or {})
     assert api.names("persistentvolumeclaims") == ["s-workspace"]
+
+
+def test_a_rollback_asks_for_its_claim_before_it_checks_the_log_and_holds_the_session(api):
+    """The claim's binding is the rollback's longest step: it starts before the rest."""
+    claim = rollback_world(api)
+    api.requests.clear()
+    reconcile_fork(NS, "f", SETTINGS)
+    order = [(r.verb, r.kind, r.name) for r in api.requests]
+    made = order.index(("create", "persistentvolumeclaims", claim))
+    assert made < order.index(("patch", "sessions", "s"))  # the hold
+    assert all(kind != "configmaps" for _, kind, _ in order[:made])  # the log's check
+
+
+def test_a_rollback_refused_after_a_restart_takes_away_the_claim_an_earlier_pass_made(api):
+    claim = rollback_world(api)
+    # A pass made the claim and stopped before the hold; meanwhile a run started.
+    api.add("persistentvolumeclaims", {"metadata": {"name": claim, "namespace": NS, "labels": {SESSION_LABEL: "s"}}})
+    api.patch("sessions", NS, "s", {"status": {"phase": "Running"}}, status=True)
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["phase"], fork_status(api)["reason"]) == ("Failed", "SessionBusy")
+    assert api.names("persistentvolumeclaims") == ["s-workspace"]

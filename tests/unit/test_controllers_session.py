@@ -256,3 +256,22 @@ def test_after_each_run_a_checkpoint_is_taken_once_per_run_and_only_the_newest_k
         reconcile_session(NS, "s", SETTINGS)  # a second pass over the same run takes nothing more
     assert api.names("checkpoints") == [f"s-run-{seq}" for seq in completed[1:]]
     assert [r.name for r in api.requests if (r.verb, r.kind) == ("delete", "checkpoints")] == [f"s-run-{completed[0]}"]
+
+
+def test_ready_is_written_before_the_pods_boot_time_is_kept_and_both_agree(api):
+    """The boot time is kept on the Pod so later passes report the same figure, after the
+    status write: a Session that just came up is not kept from Ready by that request."""
+    from savepoint.constants import POD_BOOT_MS
+
+    api.add("namespaces", {"metadata": {"name": NS}})
+    body = api.add("sessions", session())
+    api.add("persistentvolumeclaims", owned("s-workspace", status={"phase": "Bound"}))
+    pod = build_pod(body, _spec(body), "s-workspace", 0)
+    pod["status"] = {"phase": "Running", "containerStatuses": [container()]}
+    api.add("pods", pod)
+    api.requests.clear()
+    reconcile_session(NS, "s", SETTINGS)
+    writes = [(r.verb, r.kind) for r in api.writes()]
+    assert writes.index(("patch_status", "sessions")) < writes.index(("patch", "pods"))
+    kept = api.get("pods", NS, "s")["metadata"]["annotations"][POD_BOOT_MS]
+    assert status(api)["phase"] == "Ready" and status(api)["usage"]["bootMs"] == int(kept)

@@ -19,7 +19,8 @@ SESSION = {"metadata": {"namespace": "ns", "name": "s", "uid": "u-s"}}
 @pytest.fixture
 def api(monkeypatch):
     cache.clear()
-    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as __main__ sets it
+    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as __main__ sets them
+    monkeypatch.setattr(eventlog, "on_written", cache.chunks.written)
     yield FakeAPI()
     cache.clear()
 
@@ -107,9 +108,10 @@ def test_admission_sees_every_event_appended_before_the_checkpoint_arrived(api):
     log.append("run.started", {"runId": "r1"})
     logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
     watched(api, "s-log-000001")
-    hook, eventlog.on_chunk = eventlog.on_chunk, None  # the harness writes, in its own process
+    hooks = eventlog.on_chunk, eventlog.on_written
+    eventlog.on_chunk = eventlog.on_written = None  # the harness writes, in its own process
     log.append("run.completed", {"runId": "r1"})  # its watch event not delivered yet
-    eventlog.on_chunk = hook
+    eventlog.on_chunk, eventlog.on_written = hooks
     stale = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
     assert stale.digest.summary()["run_in_flight"]  # what a Session pass may see for a moment
     arrived = time.monotonic()
@@ -120,3 +122,31 @@ def test_admission_sees_every_event_appended_before_the_checkpoint_arrived(api):
     api.requests.clear()
     again = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=arrived)
     assert again.digest.through == 2 and reads(api) == []
+
+
+def test_our_own_append_sent_after_the_checkpoint_arrived_serves_its_admission(api):
+    """A write lands only on the newest chunk, and its answer is that chunk as it was after
+    the write was sent: the admission of a checkpoint that arrived before then reads nothing.
+    One sent before the checkpoint arrived is no such proof."""
+    log = EventLog(api.core(), "ns", "s")
+    log.append("run.started", {"runId": "r1"})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    early = time.monotonic()
+    hooks = eventlog.on_chunk, eventlog.on_written
+    eventlog.on_chunk = eventlog.on_written = None  # the harness writes, in its own process
+    log.append("run.completed", {"runId": "r1"})  # its watch event not delivered yet
+    eventlog.on_chunk, eventlog.on_written = hooks
+    api.requests.clear()
+    late = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=early)
+    assert reads(api) == ["get s-log-000001"] and late.digest.through == 2
+    # The operator's own append (a checkpoint.created) after a second checkpoint arrived:
+    arrived = time.monotonic()
+    EventLog(api.core(), "ns", "s").append("checkpoint.created", {"checkpoint": "c1"})
+    api.requests.clear()
+    served = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=arrived)
+    assert reads(api) == [] and served.digest.through == 3
+    # A checkpoint that arrived after that append needs a read of its own.
+    after = time.monotonic()
+    api.requests.clear()
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=after)
+    assert reads(api) == ["get s-log-000001"]

@@ -270,6 +270,28 @@ def test_the_operator_caps_malloc_arenas():
     assert heaps("default") > 2  # what the cap is there for: an arena per busy thread
 
 
+_FREEZE_PROBE = """
+import gc
+from savepoint import memory
+import savepoint.runtime  # the operator's modules, as __main__ has them before it starts
+scanned = len(gc.get_objects())  # what every full collection walks
+memory.freeze_startup()
+print(scanned > 10_000, len(gc.get_objects()) < scanned / 10, gc.get_freeze_count() >= scanned * 0.9)
+"""
+
+
+def test_the_start_up_heap_is_kept_out_of_garbage_collections():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    operator = str(Path(__file__).resolve().parents[2] / "operator")
+    done = subprocess.run(
+        [sys.executable, "-c", _FREEZE_PROBE], capture_output=True, text=True, env={"PYTHONPATH": operator}, check=True
+    )
+    assert done.stdout.split() == ["True", "True", "True"]
+
+
 # --- what kopf watches ----------------------------------------------------------------
 
 
@@ -445,3 +467,21 @@ def test_the_kubeconfig_credential_hook_runs_at_most_once_a_second(monkeypatch):
     bare = client.Configuration()
     k8s._space_credential_refresh(bare)  # no hook (a token given directly): nothing to space
     assert bare.refresh_api_key_hook is None
+
+
+def test_a_pod_whose_deletion_the_watch_showed_is_not_read_again(monkeypatch):
+    from savepoint.controllers import cache
+
+    cache.clear()
+    reads: list[str] = []
+    monkeypatch.setattr(k8s, "get_pod", lambda ns, name: reads.append(name))
+    pod = {"metadata": {"namespace": "ns", "name": "s", "resourceVersion": "5"}}
+    assert cache.pod("ns", "s") is None and reads == ["s"]  # never seen: read
+    cache.pods.observe("ADDED", pod)
+    cache.pods.observe("DELETED", pod)
+    assert cache.pod("ns", "s") is None and reads == ["s"]  # its deletion seen: known gone
+    cache.pods.put({"metadata": {"namespace": "ns", "name": "s", "resourceVersion": "9"}})  # made again
+    assert cache.pod("ns", "s")["metadata"]["resourceVersion"] == "9" and reads == ["s"]
+    cache.pods.forget("ns", "s")
+    assert cache.pod("ns", "s") is None and reads == ["s", "s"]
+    cache.clear()

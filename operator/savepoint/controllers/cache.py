@@ -55,6 +55,8 @@ class Store:
         self._keep = keep
         self._limit = limit
         self._bodies: OrderedDict[Key, dict] = OrderedDict()
+        # Names whose DELETED event came last: known to be gone, not merely not kept.
+        self._gone: OrderedDict[Key, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, body: dict) -> None:
@@ -63,6 +65,11 @@ class Store:
         if event_type == "DELETED" or not self._keep(body):
             with self._lock:
                 self._bodies.pop(key, None)
+                if event_type == "DELETED":
+                    self._gone[key] = None
+                    self._gone.move_to_end(key)
+                    while len(self._gone) > self._limit:
+                        self._gone.popitem(last=False)
             return
         self.put(body)
 
@@ -74,6 +81,7 @@ class Store:
         body = _slim(body)
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         with self._lock:
+            self._gone.pop(key, None)
             old = self._bodies.get(key)
             if old is not None and _version(body) < _version(old):
                 return
@@ -95,6 +103,11 @@ class Store:
         with self._lock:
             return (namespace, name) in self._bodies
 
+    def gone(self, namespace: str, name: str) -> bool:
+        """Whether the last the watch said of this name was its deletion (nothing made since)."""
+        with self._lock:
+            return (namespace, name) in self._gone
+
     def names(self, namespace: str, where: Callable[[dict], bool]) -> list[str]:
         """The names of the bodies kept in a namespace for which `where` is true."""
         with self._lock:
@@ -103,10 +116,12 @@ class Store:
     def forget(self, namespace: str, name: str) -> None:
         with self._lock:
             self._bodies.pop((namespace, name), None)
+            self._gone.pop((namespace, name), None)
 
     def clear(self) -> None:
         with self._lock:
             self._bodies.clear()
+            self._gone.clear()
 
     def __len__(self) -> int:
         return len(self._bodies)
@@ -186,6 +201,14 @@ class Chunks:
         with self._lock:
             held = self._newest.get((namespace, session))
         return held[1] if held is not None else None
+
+    def written(self, body: dict, sent: float) -> None:
+        """A chunk this process wrote, in a write sent at monotonic `sent` (after put): the
+        log's newest chunk as of a moment after then, as good as a read started then."""
+        meta = body.get("metadata") or {}
+        found = CHUNK_NAME.fullmatch(meta.get("name", ""))
+        if found is not None:
+            self.mark_read(meta.get("namespace", ""), found.group(1), sent)
 
     def mark_read(self, namespace: str, session: str, started: float) -> None:
         """Our own read of the session's newest chunk, started at monotonic `started`, is in."""
@@ -289,6 +312,11 @@ def claim(namespace: str, name: str) -> dict | None:
 
 
 def pod(namespace: str, name: str) -> dict | None:
+    """The Pod as the watch last showed it; read when the watch has not shown it, but not
+    when its last word was the Pod's deletion: a paused Session, or one whose Pod a
+    rollback deleted, would otherwise read its missing Pod in every pass."""
+    if pods.gone(namespace, name):
+        return None
     return pods.get(namespace, name) or k8s.get_pod(namespace, name)
 
 

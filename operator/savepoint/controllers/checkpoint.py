@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -424,24 +425,8 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
         else k8s.get_custom("sessions", meta["namespace"], spec["sessionName"])
     )
     if session is not None:
-        watched = cache.sessions.get(meta["namespace"], spec["sessionName"]) or {}
-        elog = event_log(session)
-        # The newest chunk as the watch showed it: the append writes without reading first.
-        elog.seed(cache.chunks.newest(meta["namespace"], spec["sessionName"]))
-        # Once: a retried pass finds its own event after the cut, by the checkpoint's uid.
-        elog.append_once(
-            CHECKPOINT_CREATED,
-            {
-                "checkpoint": meta["name"],
-                "uid": meta["uid"],
-                "throughSequence": status.get("throughSequence"),
-                "throughEventId": status.get("throughEventId"),
-                "label": spec.get("label"),
-            },
-            after=status.get("throughSequence") or 0,
-            same=lambda e: e.type == CHECKPOINT_CREATED and e.data.get("uid") == meta["uid"],
-            newest_hint=((watched.get("status") or {}).get("eventLog") or {}).get("chunks"),
-        )
+        with _appending[hash((meta["namespace"], spec["sessionName"])) % len(_appending)]:
+            _append_created(body, session)
         # The Session's own pass, woken by this append, sets status.latestCheckpoint from the log.
     ready_at = _now()
     snapshot_ms = int((ready_at - parse_time(status["createdAt"])).total_seconds() * 1000)
@@ -467,6 +452,34 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
                 body, True, Reason.SNAPSHOT_READY, f"restorable; snapshot took ~{snapshot_ms} ms"
             ),
         },
+    )
+
+
+# Checkpoints of one Session that become Ready together append to its log one at a time
+# (a lock per stripe of Sessions): each then writes against the chunk the one before it
+# wrote, instead of racing it for the same version and paying a read and a write again.
+_appending = [threading.Lock() for _ in range(64)]
+
+
+def _append_created(body: dict, session: dict) -> None:
+    meta, status, spec = body["metadata"], body["status"], body["spec"]
+    watched = cache.sessions.get(meta["namespace"], spec["sessionName"]) or {}
+    elog = event_log(session)
+    # The newest chunk as the watch (or the append before this one) showed it: the append writes without reading first.
+    elog.seed(cache.chunks.newest(meta["namespace"], spec["sessionName"]))
+    # Once: a retried pass finds its own event after the cut, by the checkpoint's uid.
+    elog.append_once(
+        CHECKPOINT_CREATED,
+        {
+            "checkpoint": meta["name"],
+            "uid": meta["uid"],
+            "throughSequence": status.get("throughSequence"),
+            "throughEventId": status.get("throughEventId"),
+            "label": spec.get("label"),
+        },
+        after=status.get("throughSequence") or 0,
+        same=lambda e: e.type == CHECKPOINT_CREATED and e.data.get("uid") == meta["uid"],
+        newest_hint=((watched.get("status") or {}).get("eventLog") or {}).get("chunks"),
     )
 
 

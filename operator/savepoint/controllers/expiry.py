@@ -34,7 +34,9 @@ def expire(body: dict) -> None:
 
     It does not wait for the snapshot to go: the deletion is asked for (the snapshot
     controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
-    is deleted), so a storm of expiries costs one round of requests each.
+    is deleted), so a storm of expiries costs one round of requests each. No Event: the
+    status says it (phase, reason, message, the Ready condition), as for Ready, and an
+    Event was one of each expiry's four requests.
     """
     meta, status = body["metadata"], body.get("status") or {}
     vs_name = status.get("volumeSnapshotName")
@@ -51,7 +53,6 @@ def expire(body: dict) -> None:
             "resume": {"kind": "event_log"},
             "conditions": ready_condition(body, False, Reason.TTL_EXPIRED, message),
         },
-        event=("Expired", message),
     )
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -359,7 +362,11 @@ def _succeed(body: dict, target: str) -> None:
 def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str | None:
     meta = body["metadata"]
     namespace = meta["namespace"]
-    session = k8s.get_custom("sessions", namespace, plan.source_session)
+    # The Pod is read beside the Session: step 1 needs it on every pass but the last.
+    session, pod = _together(
+        lambda: k8s.get_custom("sessions", namespace, plan.source_session),
+        lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
+    )
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     annotations = session["metadata"].get("annotations") or {}
@@ -377,21 +384,19 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
                 _refresh_expiry(namespace, plan.checkpoint, settings)
                 _succeed(body, name)
             return None
-        phase = sstatus.get("phase")
-        running = busy(name, phase)
-        if running:
-            raise ForkError(ForkReason.SESSION_BUSY, running)
-        _check_idle(session)
-        if phase not in (SessionPhase.READY, SessionPhase.PAUSED):
-            raise ForkError(ForkReason.SESSION_NOT_READY, f"session {name} is {phase or 'not provisioned'}")
-        if annotations.get(RESTORING_ANNOTATION):
-            raise ForkError(
-                ForkReason.SESSION_BUSY, f"session {name} is being rolled back by {annotations[RESTORING_ANNOTATION]}"
-            )
+        try:
+            _may_roll_back(session)
+            # The restore starts before the log is checked and the session held: its claim
+            # binding is the rollback's longest step, and it goes on while those and the
+            # Pod's deletion happen. A refusal takes it away again, on this pass or, after
+            # a restart in between, on the next one.
+            _ensure_rollback_claim(session, claim, plan)
+            _check_idle(session)
+        except ForkError:
+            k8s.delete_pvc(namespace, claim)
+            raise
         hold = {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
         cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
-        # Start the restore now, so the new claim binds while the Pod goes away.
-        _ensure_rollback_claim(session, claim, plan)
         _write(
             body,
             {"phase": ForkPhase.RESTORING.value, "targetSession": name},
@@ -401,7 +406,6 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
         # again, and step 1 deletes it again on the next pass.
 
     # 1. The Pod must be gone: running processes do not survive a rollback.
-    pod = k8s.get_pod(namespace, pod_name(name))
     if pod is not None:
         k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
         return None
@@ -414,36 +418,77 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
     # copy of the newest chunk (a stale copy costs a fresh read, never a repeat).
     elog = event_log(session)
     elog.seed(cache.chunks.newest(namespace, name))
-    elog.append_once(
-        "session.rollback",
-        {
-            "checkpoint": plan.checkpoint,
-            "toSequence": plan.through_sequence,
-            "toEventId": plan.through_event_id,
-            "fork": meta["uid"],
-        },
-        after=plan.through_sequence,
-        same=lambda e: e.type == "session.rollback" and e.data.get("fork") == meta["uid"],
-    )
-    # 4. Swap the claim in, release the old one (the checkpoint's expiry is refreshed once
-    # the Session is back).
+
+    def record() -> None:
+        elog.append_once(
+            "session.rollback",
+            {
+                "checkpoint": plan.checkpoint,
+                "toSequence": plan.through_sequence,
+                "toEventId": plan.through_event_id,
+                "fork": meta["uid"],
+            },
+            after=plan.through_sequence,
+            same=lambda e: e.type == "session.rollback" and e.data.get("fork") == meta["uid"],
+        )
+
+    # 4. Swap the claim in (the checkpoint's expiry is refreshed once the Session is back).
+    # Beside the append, and beside listing the Session's other claims: the hold keeps the
+    # Pod away until both are in, and each is safe to repeat if the pass stops between.
     started = time.monotonic()
     swapped = {
         "workspaceClaimName": claim,
         "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
     }
-    cache.sessions.put(k8s.patch_status("sessions", namespace, name, swapped))
+    _, written, claims = _together(
+        record,
+        lambda: k8s.patch_status("sessions", namespace, name, swapped),
+        lambda: k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"),
+    )
+    cache.sessions.put(written)
     failpoints.hit("rollback.after_swap")
-    # Release the old claim, and any a pass that died right after the swap left behind: while
-    # the rollback holds the session, no other claim of it is legitimately in use.
-    for other in k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"):
-        if other["metadata"]["name"] != claim and not other["metadata"].get("deletionTimestamp"):
-            k8s.delete_pvc(namespace, other["metadata"]["name"])
-    # 5. Hand the session back to its controller, which starts the Pod on the new claim.
+    # 5. Release the old claim, and any a pass that died right after the swap left behind
+    # (listed while the rollback held the session, when no other claim of it was in use),
+    # and hand the session back to its controller, which starts the Pod on the new claim.
     released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
-    cache.sessions.put(k8s.patch_custom("sessions", namespace, name, released))
+    old_claims = [
+        c["metadata"]["name"]
+        for c in claims
+        if c["metadata"]["name"] != claim and not c["metadata"].get("deletionTimestamp")
+    ]
+    back, *_ = _together(
+        lambda: k8s.patch_custom("sessions", namespace, name, released),
+        *(lambda old=old: k8s.delete_pvc(namespace, old) for old in old_claims),
+    )
+    cache.sessions.put(back)
     log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
     return name
+
+
+# Threads for the requests of a rollback step that do not wait for each other.
+_steps = ThreadPoolExecutor(6, thread_name_prefix="rollback-step")
+
+
+def _together(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls at once; their answers in order, or the first one's error once all are done."""
+    running = [_steps.submit(call) for call in calls]
+    wait(running)
+    return [done.result() for done in running]
+
+
+def _may_roll_back(session: dict) -> None:
+    """Refuse (ForkError) a rollback of a Session that is running, not Ready or Paused, or
+    held by another rollback, as its status and annotations say."""
+    name, sstatus = session["metadata"]["name"], session.get("status") or {}
+    phase = sstatus.get("phase")
+    running = busy(name, phase)
+    if running:
+        raise ForkError(ForkReason.SESSION_BUSY, running)
+    if phase not in (SessionPhase.READY, SessionPhase.PAUSED):
+        raise ForkError(ForkReason.SESSION_NOT_READY, f"session {name} is {phase or 'not provisioned'}")
+    holder = (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION)
+    if holder:
+        raise ForkError(ForkReason.SESSION_BUSY, f"session {name} is being rolled back by {holder}")
 
 
 def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:

@@ -45,7 +45,9 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None) -> Log
     would start again may read a moment-old copy. With it (a monotonic time), at least as
     new as a read started then: checkpoint admission cuts the log and checks it for an
     open run, and must see every event appended before the Checkpoint was made. One read
-    serves all the checkpoints of the session that arrived before it started.
+    serves all the checkpoints of the session that arrived before it started, and so does
+    one of our own writes of the chunk (cache.Chunks.written): a checkpoint.created sent
+    after a checkpoint arrived spares that checkpoint's admission its read.
     """
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")

@@ -292,6 +292,7 @@ def _reconcile(
     if pod is not None and not _owned_by(pod, body):
         raise kopf.TemporaryError(f"Pod {pod_name(name)} belongs to another object", delay=2)
     template_error: tuple[str, str] | None = None
+    booted: str | None = None  # the Pod's boot time, seen Running for the first time in this pass
     if spec.operating_mode == OperatingMode.PAUSED or hold is not None:
         if pod is not None and not pod["metadata"].get("deletionTimestamp"):
             k8s.delete_pod(namespace, pod["metadata"]["name"], uid=pod["metadata"]["uid"])
@@ -301,6 +302,7 @@ def _reconcile(
         try:
             pod = k8s.ensure_pod(build_pod(body, spec, claim, now_ms()))
             made_child("pods", pod)
+            cache.pods.put(pod)  # the next pass sees it before its ADDED event does
         except PodTemplateError as err:
             template_error = (Reason.INVALID_POD_TEMPLATE, str(err))
         except k8s.Refused as err:
@@ -311,9 +313,8 @@ def _reconcile(
             )
     elif pod_phase(pod) == "Running" and POD_BOOT_MS not in (pod["metadata"].get("annotations") or {}):
         created = int((pod["metadata"].get("annotations") or {}).get(POD_CREATED_MS, now_ms()))
-        boot = str(max(0, now_ms() - created))
-        k8s.annotate_pod(namespace, pod["metadata"]["name"], {POD_BOOT_MS: boot})
-        pod["metadata"].setdefault("annotations", {})[POD_BOOT_MS] = boot
+        booted = str(max(0, now_ms() - created))
+        pod["metadata"].setdefault("annotations", {})[POD_BOOT_MS] = booted
 
     paused = spec.operating_mode == OperatingMode.PAUSED and old_status.get("phase") == "Paused"
     idle_paused = spec is not user_spec
@@ -352,6 +353,10 @@ def _reconcile(
         status.pop("workspaceClaimName", None)
         status.pop("restore", None)
     _commit(body, status)
+    if booted is not None and pod is not None:
+        # Kept on the Pod, so later passes report the same usage.bootMs: after the status,
+        # which is what the Session's users wait for (Ready), not before it.
+        k8s.annotate_pod(namespace, pod["metadata"]["name"], {POD_BOOT_MS: booted})
     if user_spec.idle is not None or idle_state is not None:
         _schedule_idle(timers, body, user_spec, status, view, hold is not None)
     heartbeat.reflected(namespace, name, seen.heartbeat)
