@@ -55,8 +55,9 @@ def main() -> None:
     runtime = Runtime(settings)
 
     metrics.observe_eventlog()
-    eventlog.on_chunk = cache.chunks.put  # our own chunk reads and writes, for the passes (controllers/logview.py)
-    eventlog.on_written = cache.chunks.written  # ours count as fresh reads for admission's cut
+    # Our own chunk reads and writes, for the passes (controllers/logview.py); a write counts
+    # as a fresh read for admission's cut.
+    eventlog.on_chunk = cache.chunks.put
     metrics.count_kopf_requests()
     metrics.serve(settings.metrics_port)
     memory.freeze_startup()

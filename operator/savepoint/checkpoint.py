@@ -7,6 +7,7 @@ the same reason either way.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -19,6 +20,7 @@ from savepoint.constants import (
     ANNOTATION_TTL,
     ANNOTATION_ZDR,
     CHECKPOINT_LABEL,
+    CUT_ANNOTATION,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     SESSION_LABEL,
@@ -271,8 +273,49 @@ def owned_by_other(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:
     return bool(uids) and body["metadata"]["uid"] not in uids
 
 
-def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str) -> dict[str, Any]:
+# What an admission decides of a Checkpoint's status: the cut, the snapshot's name and the clock.
+CUT_FIELDS = (
+    "throughSequence",
+    "throughEventId",
+    "harnessRevision",
+    "profileRevision",
+    "volumeSnapshotName",
+    "createdAt",
+    "expiresAt",
+)
+
+
+def cut_annotation(status: dict[str, Any]) -> str:
+    """The cut fields of a status, as the CUT_ANNOTATION value."""
+    return json.dumps({k: status.get(k) for k in CUT_FIELDS}, separators=(",", ":"), sort_keys=True)
+
+
+def cut_of(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """The cut an object's CUT_ANNOTATION carries; None when it has none (or one unreadable)."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(CUT_ANNOTATION)
+    try:
+        cut = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if not isinstance(cut, dict) or not isinstance(cut.get("throughSequence"), int) or not cut.get("createdAt"):
+        return None
+    return {k: cut.get(k) for k in CUT_FIELDS}
+
+
+def owned_by(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:
+    """Whether a snapshot names this Checkpoint (its uid) as an owner."""
+    refs = snapshot.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("kind") == "Checkpoint" and r.get("uid") == body["metadata"]["uid"] for r in refs)
+
+
+def build_volume_snapshot(
+    body: dict[str, Any], claim: str, snapshot_class: str, cut: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The VolumeSnapshot of a Checkpoint; with `cut`, annotated with the cut it is made at."""
     meta = body["metadata"]
+    annotations = {CHECKPOINT_LABEL: meta["name"]}
+    if cut is not None:
+        annotations[CUT_ANNOTATION] = cut_annotation(cut)
     return {
         "apiVersion": f"{SNAPSHOT_GROUP}/{SNAPSHOT_VERSION}",
         "kind": "VolumeSnapshot",
@@ -280,7 +323,7 @@ def build_volume_snapshot(body: dict[str, Any], claim: str, snapshot_class: str)
             "name": snapshot_name(meta["name"]),
             "namespace": meta["namespace"],
             "ownerReferences": [checkpoint_owner(body)],
-            "annotations": {CHECKPOINT_LABEL: meta["name"]},
+            "annotations": annotations,
             "labels": {
                 CHECKPOINT_LABEL: checkpoint_label_value(meta["name"]),
                 SESSION_LABEL: body["spec"]["sessionName"],
@@ -316,9 +359,19 @@ def moves_checkpoint(event_type: str | None, snapshot: dict[str, Any]) -> str | 
     return (meta.get("annotations") or {}).get(CHECKPOINT_LABEL) or (meta.get("labels") or {}).get(CHECKPOINT_LABEL)
 
 
+# The API server's word for a write that lost an optimistic-concurrency race. The snapshot
+# controller reports its own lost races (adding its finalizer to a claim that many
+# snapshots are being taken of at once) in a snapshot's status.error, and tries again.
+CONFLICT = "the object has been modified; please apply your changes to the latest version"
+
+
 def snapshot_state(snapshot: dict[str, Any] | None) -> SnapshotState:
+    """A VolumeSnapshot's readiness and error. An error that is only the snapshot
+    controller's own lost update race is no error: it retries, and the snapshot is made."""
     status = (snapshot or {}).get("status") or {}
     error = (status.get("error") or {}).get("message")
+    if error and CONFLICT in error:
+        error = None
     size = status.get("restoreSize")
     return SnapshotState(
         ready=bool(status.get("readyToUse")), error=error, restore_size=str(size) if size is not None else None

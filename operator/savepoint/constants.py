@@ -21,6 +21,9 @@ API_VERSION = f"{GROUP}/{VERSION}"
 SNAPSHOT_GROUP = "snapshot.storage.k8s.io"
 SNAPSHOT_VERSION = "v1"
 
+# The content type of a JSON merge patch (RFC 7386): what each of our PATCHes sends.
+MERGE_PATCH = "application/merge-patch+json"
+
 # --- labels ----------------------------------------------------------------------------
 
 # On every object made for a Session (Pod, claim, log chunks, sandbox RBAC, its
@@ -66,6 +69,10 @@ RESTORE_STARTED_MS_ANNOTATION = "savepoint.dev/restore-started-ms"
 # On a sandbox Pod, by the operator's clock (ms since the epoch): made, and booted.
 POD_CREATED_MS = "savepoint.dev/created-ms"
 POD_BOOT_MS = "savepoint.dev/boot-ms"
+# On a VolumeSnapshot a Checkpoint asked for, and on that Checkpoint: the cut it was
+# made at (status fields, as JSON), while its Pending status is not written (a fast
+# snapshot goes straight to Ready; controllers/checkpoint.py).
+CUT_ANNOTATION = "savepoint.dev/cut"
 # On an object `kubectl savepoint --idempotency-key` created: the key.
 IDEMPOTENCY_KEY_ANNOTATION = "savepoint.dev/idempotency-key"
 

@@ -39,7 +39,7 @@ from typing import Any
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from savepoint.constants import API_VERSION, MANAGED_BY, MANAGED_BY_LABEL, SESSION_LABEL
+from savepoint.constants import API_VERSION, MANAGED_BY, MANAGED_BY_LABEL, MERGE_PATCH, SESSION_LABEL
 from savepoint.errors import (
     EventLogError,
     EventTooDeep,
@@ -98,16 +98,14 @@ on_conflict: Callable[[], None] | None = None
 # Called by apply_retention for each chunk it deletes, with its name and its data's bytes.
 on_retention: Callable[[str, int], None] | None = None
 # Called with each chunk this process reads by name or writes, as the API server answered
-# (a ConfigMap): the operator keeps the newest chunk of each log from its watch and these.
-on_chunk: Callable[[dict[str, Any]], None] | None = None
-# Called with each chunk this process writes, after on_chunk, and the monotonic time the
-# write was sent. A conditional write only lands on the newest chunk, so the answer is
-# the log's newest chunk as it was at some moment after then: as good as a read sent then.
-on_written: Callable[[dict[str, Any], float], None] | None = None
+# (a ConfigMap), and for a write the monotonic time it was sent (None for a read): the
+# operator keeps the newest chunk of each log from its watch and these. A conditional
+# write only lands on the newest chunk, so its answer is the log's newest chunk as it was
+# at some moment after it was sent: as good as a read sent then.
+on_chunk: Callable[[dict[str, Any], float | None], None] | None = None
 
 _KEY_RE = re.compile(r"\d{12}")
 _META_ACCEPT = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
-_MERGE_PATCH = "application/merge-patch+json"
 _CONTINUE_RE = re.compile(rb'"continue":"([^"]*)"')
 
 
@@ -1229,7 +1227,7 @@ class EventLog:
             chunk.name,
             self.namespace,
             body,
-            _content_type=_MERGE_PATCH,
+            _content_type=MERGE_PATCH,
             _preload_content=False,
             _request_timeout=self.request_timeout,
         )
@@ -1239,9 +1237,7 @@ class EventLog:
     def _parsed(obj: dict[str, Any], index: int, written_at: float | None = None) -> _Chunk:
         chunk = _parse_chunk(obj, index)
         if on_chunk is not None:
-            on_chunk(obj)
-        if written_at is not None and on_written is not None:
-            on_written(obj, written_at)
+            on_chunk(obj, written_at)
         return chunk
 
     def _delete_chunk(self, name: str) -> None:

@@ -25,7 +25,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from savepoint import metrics
 from savepoint.config import Settings
-from savepoint.constants import GROUP, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
+from savepoint.constants import GROUP, MERGE_PATCH, SNAPSHOT_GROUP, SNAPSHOT_VERSION, VERSION
 
 _lock = threading.Lock()
 log = logging.getLogger(__name__)
@@ -347,9 +347,6 @@ def delete_pvc(namespace: str, name: str) -> None:
 
 def annotate_pod(namespace: str, name: str, annotations: dict[str, str]) -> None:
     call(lambda: core().patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}}), absent=None)
-
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 def _object_path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:

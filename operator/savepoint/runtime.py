@@ -84,11 +84,12 @@ CHILD_STORES: dict[str, cache.Store | cache.Chunks] = {
 
 @dataclass(frozen=True)
 class Arrived:
-    """What an admission thread is filed for a Checkpoint the watch delivered: its body, and
-    when (monotonic) it came."""
+    """What an admission thread is filed for a Checkpoint the watch delivered: its body,
+    when (monotonic) it came, and whether a listing brought it (not its create event)."""
 
     body: dict
     at: float
+    listed: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,11 +183,11 @@ class Runtime:
 
     # --- Checkpoints -----------------------------------------------------------------
 
-    def admit_checkpoint(self, key: Key, body: dict | None = None) -> None:
-        """File a Checkpoint for an admission pass (with the body the watch delivered; one
-        filed again without a body keeps the body it waits with)."""
+    def admit_checkpoint(self, key: Key, body: dict | None = None, listed: bool = False) -> None:
+        """File a Checkpoint for an admission pass (with the body the watch delivered, from a
+        listing or not; one filed again without a body keeps the body it waits with)."""
         if body is not None:
-            self.admissions.file(key, Arrived(trimmed(body), time.monotonic()))
+            self.admissions.file(key, Arrived(trimmed(body), time.monotonic(), listed))
         elif key not in self.admissions:
             self.admissions.file(key)
 
@@ -205,7 +206,9 @@ class Runtime:
                 if cache.checkpoints.has(*key):
                     checkpoint.reconcile_checkpoint(*key, self.settings, snapshot=seen.snapshot)
             elif isinstance(seen, Arrived):
-                checkpoint.reconcile_checkpoint(*key, self.settings, seen=seen.body, seen_at=seen.at)
+                checkpoint.reconcile_checkpoint(
+                    *key, self.settings, seen=seen.body, seen_at=seen.at, listed=seen.listed
+                )
             elif _still_waiting(key):  # filed by its Session's event: admitted meanwhile, it has no use
                 checkpoint.reconcile_checkpoint(*key, self.settings)
 
@@ -234,7 +237,7 @@ class Runtime:
             if checkpoint.KOPF_FINALIZER in (meta.get("finalizers") or ()):
                 self.admissions.file(key, RELEASE)  # a finalizer from before the garbage collector did it
         elif event_type in (None, "ADDED") and phase not in SETTLED_CHECKPOINT_PHASES:
-            self.admit_checkpoint(key, body)
+            self.admit_checkpoint(key, body, listed=event_type is None)
         self._note_waiting(event_type, body)
         pending = phase in (None, "Pending")
         if event_type != "DELETED" and pending and not meta.get("deletionTimestamp"):

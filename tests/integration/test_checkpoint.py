@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from savepoint import k8s
-from savepoint.checkpoint import CHECKPOINT_LABEL, moves_checkpoint, parse_quantity
+from savepoint.checkpoint import CHECKPOINT_LABEL, cut_of, moves_checkpoint, parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
 from savepoint.controllers import expiry
@@ -204,7 +204,12 @@ def test_restart_after_snapshot_creation_makes_exactly_one_snapshot(s1, operator
     operator.start(SAVEPOINT_FAILPOINTS="checkpoint.after_snapshot_created")
     make_checkpoint(crds, namespace, "crashy")
     assert operator.wait_exit(60, "checkpoint.after_snapshot_created") == -9
-    assert get_checkpoint(crds, namespace, "crashy")["status"]["phase"] == "Pending"
+    # Killed after the snapshot was asked for, before anything else was written: no
+    # phase, and the snapshot alone carries the cut it was made at.
+    assert (get_checkpoint(crds, namespace, "crashy").get("status") or {}).get("phase") is None
+    made_at = cut_of(get_snapshot(crds, namespace, "sp-crashy"))
+    assert made_at is not None and made_at["volumeSnapshotName"] == "sp-crashy"
+    EventLog(client.CoreV1Api(crds.api_client), namespace, "s1").append("message", {"text": "after the cut"})
     operator.start()
     body = wait_checkpoint(crds, namespace, "crashy", "Ready", "Failed")
     assert body["status"]["phase"] == "Ready"
@@ -212,6 +217,7 @@ def test_restart_after_snapshot_creation_makes_exactly_one_snapshot(s1, operator
         *SNAP, namespace, "volumesnapshots", label_selector="savepoint.dev/checkpoint=crashy"
     )["items"]
     assert [s["metadata"]["name"] for s in snapshots] == [body["status"]["volumeSnapshotName"]]
+    assert body["status"]["throughSequence"] == made_at["throughSequence"]  # the snapshot's cut, not a later one
     created = [
         e for e in EventLog(client.CoreV1Api(crds.api_client), namespace, "s1").read() if e.type == "checkpoint.created"
     ]
@@ -448,9 +454,10 @@ def test_a_checkpoint_pass_reads_nothing_the_watch_handed_it(s1, crds, namespace
     settings = Settings(namespaces=(namespace,))
 
     controller.reconcile_checkpoint(namespace, "c1", settings, seen=body)
-    status = get_checkpoint(crds, namespace, "c1")["status"]
-    assert status["phase"] == "Pending", status
+    admitted = get_checkpoint(crds, namespace, "c1")
+    assert (admitted.get("status") or {}).get("phase") is None and cut_of(admitted) is not None, admitted
     assert "checkpoints" not in reads
+    status = cut_of(admitted)
 
     def ready_snapshot() -> dict | None:
         snap = crds.get_namespaced_custom_object(
@@ -478,7 +485,7 @@ def test_a_pending_poll_reads_the_snapshot_alone_until_a_pass_has_work(
     make_checkpoint(crds, namespace, "c1")
     settings = Settings(namespaces=(namespace,), snapshot_timeout=timedelta(minutes=10))
     controller.reconcile_checkpoint(namespace, "c1", settings, seen=get_checkpoint(crds, namespace, "c1"))
-    assert get_checkpoint(crds, namespace, "c1")["status"]["phase"] == "Pending"
+    assert cut_of(get_checkpoint(crds, namespace, "c1")) is not None  # admitted; Pending not shown yet
 
     reads: list[str] = []
     real_custom, real_snapshot = k8s.get_custom, k8s.get_volume_snapshot
@@ -488,7 +495,7 @@ def test_a_pending_poll_reads_the_snapshot_alone_until_a_pass_has_work(
     )
     assert controller.poll_pending(namespace, "c1", settings) is False
     assert reads == ["volumesnapshots"]
-    assert get_checkpoint(crds, namespace, "c1")["status"]["phase"] == "Pending"
+    assert (get_checkpoint(crds, namespace, "c1").get("status") or {}).get("phase") is None
 
     reads.clear()
     due = Settings(namespaces=(namespace,), snapshot_timeout=timedelta(0))

@@ -47,11 +47,12 @@ def test_a_snapshot_made_after_its_checkpoint_was_released_is_collected(operator
     try:
         make_checkpoint(crds, namespace, "late")
 
-        def admitted():
-            body = get_checkpoint(crds, namespace, "late")
-            return body if (body.get("status") or {}).get("createdAt") else None
+        def paused() -> bool:
+            # This start's part of the log: the pass has admitted it and stopped at the failpoint.
+            start = operator.log_path.read_text(errors="replace").rsplit("===== start ", 1)[-1]
+            return f"failpoint {PAUSE}: pausing" in start
 
-        wait_for(admitted, timeout=30, what="checkpoint late admitted")
+        wait_for(paused, timeout=30, what="checkpoint late admitted, its pass paused")
         assert get_snapshot(crds, namespace, "sp-late") is None
         # Deleted while that pass sleeps: the finalizer finds no snapshot and lets it go.
         crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "late")

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from savepoint import cli
+from savepoint.client import core
 from savepoint.eventlog import TOMBSTONE_KEY, Event
 
 
@@ -107,6 +108,16 @@ def test_wait_prints_each_state_once_and_returns_the_outcome():
         "Ready",
     ]
     assert lines[1].startswith("[   0.5s]")
+
+
+def test_an_admitted_checkpoint_without_a_phase_says_it_is_snapshotting():
+    """A fast snapshot's checkpoint has no Pending: its cut annotation says it is admitted."""
+    admitted = ckpt("c1")
+    cut = '{"createdAt":"2026-12-01T00:00:00Z","throughSequence":7}'
+    admitted["metadata"]["annotations"] = {"savepoint.dev/cut": cut}
+    assert core.state_text(admitted) == "Snapshotting: through event 7"
+    admitted["metadata"]["annotations"]["savepoint.dev/cut"] = "not json"
+    assert core.state_text(admitted) == "Waiting for the operator"
 
 
 def test_wait_times_out_with_the_last_state():

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from savepoint.checkpoint import rfc3339, snapshot_name
+from savepoint.checkpoint import cut_of, rfc3339, snapshot_name
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, SESSION_LABEL
 from savepoint.controllers import cache
@@ -83,7 +83,7 @@ class Admission:
     events: list[str] = field(default_factory=list)
     annotations: dict = field(default_factory=dict)
     age: timedelta = timedelta(0)
-    phase: str = ""
+    phase: str | None = ""
     reason: str | None = None
     snapshot: bool = False
 
@@ -105,7 +105,9 @@ ADMISSIONS = [
         phase="Rejected",
         reason="SessionNotReady",
     ),
-    Admission("session ready: accepted, snapshot made", session("Ready"), phase="Pending", snapshot=True),
+    # Admitted: the snapshot is asked for with the cut on it, and no Pending is written (a
+    # fast snapshot goes straight to Ready).
+    Admission("session ready: accepted, snapshot made", session("Ready"), phase=None, snapshot=True),
     Admission("session failed: rejected", session("Failed"), phase="Rejected", reason="SessionNotReady"),
     Admission(
         "a run in flight in the log: busy", session("Ready"), ["run.started"], phase="Rejected", reason="SessionBusy"
@@ -142,7 +144,8 @@ def test_admission(api, case):
     got = status(api)
     assert (got.get("phase"), got.get("reason")) == (case.phase, case.reason)
     assert (snapshot_name("cp") in api.names("volumesnapshots")) == case.snapshot
-    assert api.get("checkpoints", NS, "cp")["status"]["observedGeneration"] == 1
+    if case.phase is not None:
+        assert api.get("checkpoints", NS, "cp")["status"]["observedGeneration"] == 1
     if case.phase == "Rejected":
         assert api.events[-1][1:] == (case.reason, got["message"], True)
 
@@ -150,19 +153,23 @@ def test_admission(api, case):
 def test_accepted_checkpoint_is_cut_owned_and_snapshotted_by_deterministic_names(api):
     world(api, session("Ready"), ["message", "message"])
     api.add("checkpoints", checkpoint())
+    api.requests.clear()
     reconcile_checkpoint(NS, "cp", SETTINGS)
     cp = api.get("checkpoints", NS, "cp")
     owner = {"apiVersion": API_VERSION, "kind": "Session", "name": "s", "uid": "uid-s", "blockOwnerDeletion": True}
     assert cp["metadata"]["ownerReferences"] == [{**owner, "controller": False}]
     assert cp["metadata"]["labels"][SESSION_LABEL] == "s"
-    assert cp["status"]["throughSequence"] == 2
-    assert cp["status"]["volumeSnapshotName"] == "sp-cp"
     vs = api.get("volumesnapshots", NS, "sp-cp")
     assert vs["spec"] == {"volumeSnapshotClassName": "snaps", "source": {"persistentVolumeClaimName": "s-workspace"}}
     assert [(r["kind"], r["uid"]) for r in vs["metadata"]["ownerReferences"]] == [("Checkpoint", "uid-cp")]
-    # Pending with the cut is written before the snapshot is created (status before the side effect).
-    writes = [(r.verb, r.kind) for r in api.writes()]
-    assert writes.index(("patch_status", "checkpoints")) < writes.index(("create", "volumesnapshots"))
+    # The cut is written with the snapshot's request (then on the Checkpoint with its
+    # owner), not in a Pending status first: whatever stops after the request, the
+    # snapshot says what it was cut at.
+    cut = cut_of(vs)
+    assert (cut["throughSequence"], cut["volumeSnapshotName"]) == (2, "sp-cp")
+    assert cut_of(cp) == cut
+    assert "status" not in cp
+    assert [(r.verb, r.kind) for r in api.writes()] == [("create", "volumesnapshots"), ("patch", "checkpoints")]
 
 
 def _ready_snapshot(api: FakeAPI, name: str = "sp-cp") -> None:
@@ -174,11 +181,14 @@ def test_snapshot_ready_makes_the_checkpoint_ready_and_logs_it_once(api):
     api.add("checkpoints", checkpoint())
     reconcile_checkpoint(NS, "cp", SETTINGS)
     reconcile_checkpoint(NS, "cp", SETTINGS)  # the snapshot is not ready yet: nothing changes
-    assert status(api)["phase"] == "Pending"
+    assert status(api) == {}
     _ready_snapshot(api)
     reconcile_checkpoint(NS, "cp", SETTINGS)
     got = status(api)
     assert (got["phase"], got["restoreSize"]) == ("Ready", "1Gi")
+    # The one status write carries the cut and the clock too.
+    assert (got["throughSequence"], got["volumeSnapshotName"]) == (1, "sp-cp")
+    assert got["createdAt"] and got["expiresAt"] and got["resume"] == {"kind": "snapshot"}
     # A retried pass over a Ready-but-not-yet-written checkpoint must not append again.
     api.patch("checkpoints", NS, "cp", {"status": {"phase": "Pending"}}, status=True)
     reconcile_checkpoint(NS, "cp", SETTINGS)
@@ -248,7 +258,7 @@ def test_a_snapshot_left_by_an_earlier_checkpoint_of_that_name_is_deleted_not_us
     old = {"kind": "Checkpoint", "name": "cp", "uid": "uid-of-an-older-cp"}
     api.add("volumesnapshots", {"metadata": {"name": "sp-cp", "namespace": NS, "ownerReferences": [old]}})
     reconcile_checkpoint(NS, "cp", SETTINGS)
-    assert status(api)["phase"] == "Pending"
+    assert status(api) == {}  # admitted again (at the cut then) once that one is gone
     assert "sp-cp" not in api.names("volumesnapshots")
 
 
@@ -259,7 +269,7 @@ def test_an_error_on_create_fails_the_pass_and_a_rerun_converges(api):
     with pytest.raises(ApiException) as err:
         reconcile_checkpoint(NS, "cp", SETTINGS)
     assert err.value.status == 500
-    assert status(api)["phase"] == "Pending" and status(api)["throughSequence"] == 0
+    assert status(api) == {} and cut_of(api.get("checkpoints", NS, "cp")) is None  # nothing asked for, nothing said
     assert api.names("volumesnapshots") == []
     reconcile_checkpoint(NS, "cp", SETTINGS)
     assert api.names("volumesnapshots") == ["sp-cp"]
@@ -376,3 +386,126 @@ def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothin
         ("patch_status", "checkpoints"),
     ]
     assert api.events == []
+
+
+def test_a_slow_snapshot_shows_pending_with_its_cut(api, monkeypatch):
+    """A snapshot not ready PENDING_SHOWN_AFTER after the cut: the next pass writes Pending,
+    with the cut the snapshot carries; one ready sooner is never written Pending."""
+    from savepoint.controllers import checkpoint as controller
+
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api) == {}
+    later = datetime.now(UTC) + controller.PENDING_SHOWN_AFTER + timedelta(seconds=1)
+    monkeypatch.setattr(controller, "_now", lambda: later)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    got = status(api)
+    assert (got["phase"], got["throughSequence"], got["volumeSnapshotName"]) == ("Pending", 1, "sp-cp")
+    made_at = cut_of(api.get("volumesnapshots", NS, "sp-cp"))
+    assert {k: got.get(k) for k in made_at} == made_at
+    _ready_snapshot(api)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api)["phase"] == "Ready"
+
+
+def test_a_pass_after_a_stop_between_the_snapshot_and_the_owner_takes_the_snapshots_cut(api):
+    """The snapshot was asked for, and the process stopped before anything else was
+    written (here: the owner patch fails). A run starts meanwhile; the next process lists
+    the Checkpoint, and its pass takes the cut from the snapshot instead of admitting it
+    again (which would refuse it now, the Session busy)."""
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    api.fail("patch", "checkpoints", 500)
+    with pytest.raises(ApiException):
+        reconcile_checkpoint(NS, "cp", SETTINGS, seen=api.get("checkpoints", NS, "cp"))
+    assert status(api) == {} and cut_of(api.get("checkpoints", NS, "cp")) is None
+    EventLog(api.core(), NS, "s").append("run.started", {"runId": "r"})
+    _ready_snapshot(api)
+    cache.clear()
+    reconcile_checkpoint(NS, "cp", SETTINGS, seen=api.get("checkpoints", NS, "cp"), listed=True)
+    got = status(api)
+    assert (got["phase"], got["throughSequence"]) == ("Ready", 1)
+    assert log_types(api) == ["message", "run.started", "checkpoint.created"]
+    assert api.names("volumesnapshots") == ["sp-cp"]
+
+
+def test_a_first_sight_that_finds_its_snapshot_made_at_another_cut_takes_that_cut(api):
+    """A snapshot of ours already there (a pass that stopped before writing anything)
+    holds the cut it was made at: the 409 on create reads it, and its cut wins."""
+    from savepoint.checkpoint import build_volume_snapshot
+
+    world(api, session("Ready"), ["message", "message", "message"])
+    body = api.add("checkpoints", checkpoint())
+    now = datetime.now(UTC)
+    made_at = {
+        "throughSequence": 1,
+        "throughEventId": "e1",
+        "volumeSnapshotName": "sp-cp",
+        "createdAt": rfc3339(now),
+        "expiresAt": rfc3339(now + timedelta(days=1)),
+    }
+    api.add("volumesnapshots", build_volume_snapshot(body, "s-workspace", "snaps", made_at))
+    _ready_snapshot(api)
+    reconcile_checkpoint(NS, "cp", SETTINGS, seen=body)
+    got = status(api)
+    assert (got["phase"], got["throughSequence"], got["throughEventId"]) == ("Ready", 1, "e1")
+
+
+def test_a_quota_counts_a_checkpoint_admitted_without_a_pending_write(api):
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint("cp1"))
+    reconcile_checkpoint(NS, "cp1", SETTINGS)
+    assert status(api, "cp1") == {}
+    api.patch("namespaces", "", NS, {"metadata": {"annotations": {"savepoint.dev/max-checkpoints": "1"}}})
+    api.add("checkpoints", checkpoint("cp2"))
+    try:
+        reconcile_checkpoint(NS, "cp2", SETTINGS)
+    finally:
+        cache.clear()
+    assert (status(api, "cp2")["phase"], status(api, "cp2")["reason"]) == ("Rejected", "QuotaExceeded")
+
+
+def test_a_snapshot_made_without_a_cut_keeps_the_checkpoints_first_cut_and_clock(api, monkeypatch):
+    """A snapshot of that name already there, made by someone else (no owner, no cut): the
+    cut stays the one the Checkpoint's owner patch carries, so later passes neither admit it
+    again nor restart its clock, and the snapshot timeout fails it."""
+    from savepoint.controllers import checkpoint as controller
+
+    world(api, session("Ready"), ["message"])
+    api.add("checkpoints", checkpoint())
+    api.add("volumesnapshots", {"metadata": {"name": "sp-cp", "namespace": NS}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    first = cut_of(api.get("checkpoints", NS, "cp"))
+    assert first is not None and status(api) == {}
+    EventLog(api.core(), NS, "s").append("message", {})
+    later = datetime.now(UTC) + controller.PENDING_SHOWN_AFTER + timedelta(seconds=1)
+    monkeypatch.setattr(controller, "_now", lambda: later)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    got = status(api)
+    assert (got["phase"], got["throughSequence"], got["createdAt"]) == ("Pending", 1, first["createdAt"])
+    timed_out = later + SETTINGS.snapshot_timeout
+    monkeypatch.setattr(controller, "_now", lambda: timed_out)
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert (status(api)["phase"], status(api)["reason"]) == ("Failed", "SnapshotTimeout")
+
+
+def test_the_snapshot_controllers_own_lost_update_race_is_not_a_failure(api):
+    """Many snapshots of one claim at once: the snapshot controller's update of the claim
+    loses a race, it says so in the snapshot's status.error, and it tries again. The
+    checkpoint waits for it; a driver's error still fails it."""
+    world(api, session("Ready"))
+    api.add("checkpoints", checkpoint())
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    conflict = (
+        "Failed to create snapshot content with error snapshot controller failed to update s-workspace on API "
+        'server: Operation cannot be fulfilled on persistentvolumeclaims "s-workspace": the object has been '
+        "modified; please apply your changes to the latest version and try again"
+    )
+    api.patch("volumesnapshots", NS, "sp-cp", {"status": {"error": {"message": conflict}}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api).get("phase") is None and "sp-cp" in api.names("volumesnapshots")
+    api.patch("volumesnapshots", NS, "sp-cp", {"status": {"error": None, "readyToUse": True, "restoreSize": "1Gi"}})
+    reconcile_checkpoint(NS, "cp", SETTINGS)
+    assert status(api)["phase"] == "Ready"

@@ -19,8 +19,7 @@ SESSION = {"metadata": {"namespace": "ns", "name": "s", "uid": "u-s"}}
 @pytest.fixture
 def api(monkeypatch):
     cache.clear()
-    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as __main__ sets them
-    monkeypatch.setattr(eventlog, "on_written", cache.chunks.written)
+    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as __main__ sets it
     yield FakeAPI()
     cache.clear()
 
@@ -108,10 +107,10 @@ def test_admission_sees_every_event_appended_before_the_checkpoint_arrived(api):
     log.append("run.started", {"runId": "r1"})
     logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
     watched(api, "s-log-000001")
-    hooks = eventlog.on_chunk, eventlog.on_written
-    eventlog.on_chunk = eventlog.on_written = None  # the harness writes, in its own process
+    hook = eventlog.on_chunk
+    eventlog.on_chunk = None  # the harness writes, in its own process
     log.append("run.completed", {"runId": "r1"})  # its watch event not delivered yet
-    eventlog.on_chunk, eventlog.on_written = hooks
+    eventlog.on_chunk = hook
     stale = logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
     assert stale.digest.summary()["run_in_flight"]  # what a Session pass may see for a moment
     arrived = time.monotonic()
@@ -132,10 +131,10 @@ def test_our_own_append_sent_after_the_checkpoint_arrived_serves_its_admission(a
     log.append("run.started", {"runId": "r1"})
     logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
     early = time.monotonic()
-    hooks = eventlog.on_chunk, eventlog.on_written
-    eventlog.on_chunk = eventlog.on_written = None  # the harness writes, in its own process
+    hook = eventlog.on_chunk
+    eventlog.on_chunk = None  # the harness writes, in its own process
     log.append("run.completed", {"runId": "r1"})  # its watch event not delivered yet
-    eventlog.on_chunk, eventlog.on_written = hooks
+    eventlog.on_chunk = hook
     api.requests.clear()
     late = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), fresh_after=early)
     assert reads(api) == ["get s-log-000001"] and late.digest.through == 2

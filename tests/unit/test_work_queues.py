@@ -305,6 +305,7 @@ def test_a_new_checkpoint_waits_in_our_queue_trimmed(monkeypatch):
     assert key == ("ns", "c")
     assert "managedFields" not in seen.body["metadata"] and seen.body["metadata"]["name"] == "c"
     assert seen.at <= time.monotonic()  # when it arrived: a namespace read after that serves it
+    assert not seen.listed  # its create event: no earlier pass can have asked for its snapshot
     assert "managedFields" in body["metadata"]  # the watch's own body is left as it was
     assert queue.take(0) is None  # a settled one is not queued
 
@@ -322,7 +323,8 @@ def test_only_a_new_or_listed_unsettled_checkpoint_is_filed_for_admission():
     memo.runtime.observe_checkpoint("MODIFIED", pending)
     assert queue.take(0) is None
     memo.runtime.observe_checkpoint(None, pending)
-    assert queue.take(0)[0] == ("ns", "pending")
+    key, seen = queue.take(0)
+    assert key == ("ns", "pending") and seen.listed
     for settled in ("Ready", "Failed", "Rejected", "Expired"):
         memo.runtime.observe_checkpoint(None, checkpoint("s", settled, NOW))
     assert queue.take(0) is None
@@ -416,6 +418,27 @@ def test_the_runtime_knows_which_checkpoints_wait_for_which_session():
     runtime.observe_checkpoint("DELETED", {**new, "metadata": {"namespace": "ns", "name": "c2"}})
     assert runtime.waiting_for("ns", "s") == []
     assert runtime.waiting_for("other", "s") == []
+
+
+def test_a_checkpoint_admitted_without_a_pending_write_no_longer_waits_and_is_polled():
+    """Its owner patch carries the cut (no phase yet): it no longer waits for its Session,
+    and its poll (which shows Pending for a snapshot still not ready) stays filed."""
+    from savepoint.checkpoint import cut_annotation
+    from savepoint.constants import CUT_ANNOTATION
+
+    now = [0.0]
+    polls = PollQueue(30, clock=lambda: now[0])
+    memo = runtime_memo(pending_polls=polls)
+    runtime = memo.runtime
+    new = {"metadata": {"namespace": "ns", "name": "c1"}, "spec": {"sessionName": "s"}}
+    runtime.observe_checkpoint("ADDED", new)
+    assert runtime.waiting_for("ns", "s") == ["c1"]
+    cut = cut_annotation({"throughSequence": 3, "createdAt": "2026-11-30T12:00:00Z"})
+    admitted = {**new, "metadata": {**new["metadata"], "annotations": {CUT_ANNOTATION: cut}}}
+    runtime.observe_checkpoint("MODIFIED", admitted)
+    assert runtime.waiting_for("ns", "s") == []
+    now[0] = 30.0
+    assert polls.take_due() == [("ns", "c1")]
 
 
 def test_the_cache_keeps_the_newest_body_without_managed_fields():

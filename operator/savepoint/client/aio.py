@@ -26,10 +26,9 @@ from savepoint.client.sync import (
     name_of,
     use_in_cluster,
 )
+from savepoint.constants import MERGE_PATCH
 from savepoint.eventlog import Cursor, Event
 from savepoint.models import GROUP, VERSION, SessionSpec
-
-_MERGE_PATCH = "application/merge-patch+json"
 
 # A plain function, or a coroutine function (awaited before the operation goes on).
 OnProgress = Callable[[core.Progress], Any] | None
@@ -76,7 +75,7 @@ class _Call:
             return found["items"]
         if isinstance(r, core.Patch):
             return await self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, r.namespace, r.plural, r.name, r.body, _content_type=_MERGE_PATCH
+                GROUP, VERSION, r.namespace, r.plural, r.name, r.body, _content_type=MERGE_PATCH
             )
         if isinstance(r, core.Delete):
             return await self.custom.delete_namespaced_custom_object(GROUP, VERSION, r.namespace, r.plural, r.name)

@@ -43,7 +43,7 @@ from savepoint.client.errors import (
     reason_error,
 )
 from savepoint.client.objects import KINDS, typed
-from savepoint.constants import IDEMPOTENCY_KEY_ANNOTATION
+from savepoint.constants import CUT_ANNOTATION, IDEMPOTENCY_KEY_ANNOTATION
 from savepoint.models import API_VERSION, CheckpointSpec, ForkSpec, SessionSpec
 
 # Prefix of generated names; the server appends 5 random characters. Kept short so the
@@ -335,12 +335,25 @@ def session_outcome(phases: tuple[str, ...]) -> Callable[[dict[str, Any]], Outco
 def state_text(obj: dict[str, Any]) -> str:
     """The current state of a waited-on object, e.g. `Pending: snapshot ... not ready yet`."""
     status = obj.get("status") or {}
+    through = _cut_sequence(obj)
+    if not status.get("phase") and through is not None:
+        return f"Snapshotting: through event {through}"  # admitted; no Pending written (a fast snapshot)
     phase = status.get("phase") or "Waiting for the operator"
     detail = status.get("message") or ""
     ready = _ready_condition(status)
     if not detail and ready and ready.get("status") != "True":
         detail = ready.get("message") or ready.get("reason") or ""
     return f"{phase}: {detail}" if detail else phase
+
+
+def _cut_sequence(obj: dict[str, Any]) -> int | None:
+    """The event an admitted Checkpoint is cut at, from its cut annotation (None: none)."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(CUT_ANNOTATION)
+    try:
+        seq = json.loads(text).get("throughSequence") if text else None
+    except (ValueError, AttributeError):
+        return None
+    return seq if isinstance(seq, int) else None
 
 
 def progress_line(obj: dict[str, Any], elapsed: float) -> str:

@@ -14,12 +14,12 @@ from typing import Any
 from savepoint.client import core
 from savepoint.client.errors import ConfigurationError, SessionNotFound
 from savepoint.client.objects import Checkpoint, Fork, Session, typed
+from savepoint.constants import MERGE_PATCH
 from savepoint.eventlog import Cursor, Event, EventLog
 from savepoint.models import GROUP, VERSION, SessionSpec
 
 DEFAULT_TIMEOUT = 300.0
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-_MERGE_PATCH = "application/merge-patch+json"
 
 OnProgress = Callable[[core.Progress], Any] | None
 
@@ -124,7 +124,7 @@ class _Call:
             return found["items"]
         if isinstance(r, core.Patch):
             return self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, r.namespace, r.plural, r.name, r.body, _content_type=_MERGE_PATCH
+                GROUP, VERSION, r.namespace, r.plural, r.name, r.body, _content_type=MERGE_PATCH
             )
         if isinstance(r, core.Delete):
             return self.custom.delete_namespaced_custom_object(GROUP, VERSION, r.namespace, r.plural, r.name)

@@ -171,8 +171,10 @@ class Chunks:
                 return
             self._keep(key, index, held, body)
 
-    def put(self, body: dict) -> None:
-        """A chunk this process read or wrote: kept if it is the newest."""
+    def put(self, body: dict, sent: float | None = None) -> None:
+        """A chunk this process read, or wrote in a write sent at monotonic `sent`: kept if
+        it is the newest. A write's answer is the log's newest chunk as of a moment after
+        it was sent, as good as a read started then (mark_read)."""
         meta = body.get("metadata") or {}
         found = CHUNK_NAME.fullmatch(meta.get("name", ""))
         if found is None:
@@ -182,6 +184,8 @@ class Chunks:
             held = self._newest.get(key)
             if held is None or index >= held[0]:
                 self._keep(key, index, held, body)
+        if sent is not None:
+            self.mark_read(*key, sent)
 
     def _keep(self, key: Key, index: int, held: tuple[int, dict] | None, body: dict) -> None:
         if held is not None and held[0] == index:
@@ -201,14 +205,6 @@ class Chunks:
         with self._lock:
             held = self._newest.get((namespace, session))
         return held[1] if held is not None else None
-
-    def written(self, body: dict, sent: float) -> None:
-        """A chunk this process wrote, in a write sent at monotonic `sent` (after put): the
-        log's newest chunk as of a moment after then, as good as a read started then."""
-        meta = body.get("metadata") or {}
-        found = CHUNK_NAME.fullmatch(meta.get("name", ""))
-        if found is not None:
-            self.mark_read(meta.get("namespace", ""), found.group(1), sent)
 
     def mark_read(self, namespace: str, session: str, started: float) -> None:
         """Our own read of the session's newest chunk, started at monotonic `started`, is in."""

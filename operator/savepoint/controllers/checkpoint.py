@@ -1,9 +1,16 @@
 """The Checkpoint controller: admit, cut, snapshot, ready; expire; clean up.
 
 State machine (status.phase): (none) -> Rejected | Pending -> Ready | Failed;
-Ready -> Expired -> (deleted after the grace period). Each step is written to status
-before the next side effect, and every side effect has a name derived from the
-Checkpoint, so a restart at any line resumes where it stopped.
+Ready -> Expired -> (deleted after the grace period). Each step is written before the
+next side effect, and every side effect has a name derived from the Checkpoint, so a
+restart at any line resumes where it stopped.
+
+The cut an admission decides is written where the snapshot is asked for: on the
+VolumeSnapshot itself (CUT_ANNOTATION), then on the Checkpoint with its owner. A snapshot
+that is ready before the checkpoint's first Pending poll goes from no phase straight to
+Ready, in one status write; a slower one shows Pending (with the cut) from that poll on.
+A Session with hooks, a checkpoint that waited for its Session, and a namespace quota
+write Pending first, as their steps need it written.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
+    CUT_FIELDS,
     FailReason,
     Patience,
     PolicyError,
@@ -29,7 +37,10 @@ from savepoint.checkpoint import (
     Wait,
     admit,
     build_volume_snapshot,
+    cut_annotation,
+    cut_of,
     effective_ttl,
+    owned_by,
     owned_by_other,
     parse_quantity,
     parse_time,
@@ -41,7 +52,7 @@ from savepoint.checkpoint import (
 )
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
-from savepoint.constants import API_VERSION, RUN_SEQ_LABEL, Reason
+from savepoint.constants import API_VERSION, CUT_ANNOTATION, RUN_SEQ_LABEL, Reason
 from savepoint.controllers import cache, has_run, logview, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers import write_status as write_object_status
@@ -57,6 +68,13 @@ log = logging.getLogger(__name__)
 LIVE = (CheckpointPhase.PENDING, CheckpointPhase.READY)
 # The finalizer kopf put on Checkpoints while the operator had a delete handler for them.
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+# A checkpoint whose snapshot is not ready at its first Pending poll (5-30 s after it came:
+# runtime.pending_poll_seconds) shows Pending from then on, if its cut is at least this old.
+# One ready sooner is never written Pending: under a burst of 200, whose snapshots take
+# up to 10-15 s, that write was one of every checkpoint's six requests.
+PENDING_SHOWN_AFTER = timedelta(seconds=5)
+# In a pass's copy of the status: the Pending status decided but not written yet.
+UNWRITTEN = "_pending"
 
 
 def _now() -> datetime:
@@ -82,16 +100,26 @@ def reconcile_checkpoint(
     seen: dict | None = None,
     snapshot: dict | None = None,
     seen_at: float | None = None,
+    listed: bool = False,
 ) -> None:
     """One pass over a Checkpoint. `seen` is its body as the watch just delivered it (at
-    monotonic time `seen_at`): the first pass in this process (its create, or its resume
-    at start-up) starts from it, as a Session's does, instead of reading it again.
-    `snapshot` is its VolumeSnapshot as a watch event just delivered it, read instead of a GET."""
-    one_pass("checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot, seen_at))
+    monotonic time `seen_at`; `listed`: from a listing, not a create event): the first
+    pass in this process (its create, or its resume at start-up) starts from it, as a
+    Session's does, instead of reading it again. `snapshot` is its VolumeSnapshot as a
+    watch event just delivered it, read instead of a GET."""
+    one_pass(
+        "checkpoint", namespace, name, lambda: _reconcile(namespace, name, settings, seen, snapshot, seen_at, listed)
+    )
 
 
 def _reconcile(
-    namespace: str, name: str, settings: Settings, seen: dict | None, snapshot: dict | None, seen_at: float | None
+    namespace: str,
+    name: str,
+    settings: Settings,
+    seen: dict | None,
+    snapshot: dict | None,
+    seen_at: float | None,
+    listed: bool,
 ) -> None:
     fresh = seen is not None and not has_run("checkpoint", namespace, name)
     body = copy.deepcopy(seen) if fresh else cache.checkpoint(namespace, name)
@@ -99,7 +127,11 @@ def _reconcile(
         drop_snapshot(namespace, snapshot["metadata"]["name"], owned=snapshot)  # made by a late pass
     if body is None or body["metadata"].get("deletionTimestamp"):
         return
-    if waiting(body):
+    if (body.get("status") or {}).get("phase") is None and not (fresh and not listed):
+        # Not this process's first sight of a new one: an earlier pass (or process) may
+        # have asked for its snapshot, and the snapshot carries the cut it was made at.
+        snapshot = _resume_cut(body, snapshot) or snapshot
+    if (body.get("status") or {}).get("phase") is None or waiting(body):  # no snapshot with a cut: admit
         _admit(body, settings, seen_at if fresh else None)
         if waiting(body):
             return  # the Session's events (or the pending poll) bring us back
@@ -108,10 +140,61 @@ def _reconcile(
 
 
 def waiting(body: dict) -> bool:
-    """Not admitted yet: new, or Pending without a cut while its Session is not Ready."""
+    """Not admitted yet: new (without a cut on it), or Pending without a cut while its
+    Session is not Ready."""
     status = body.get("status") or {}
     phase = status.get("phase")
-    return phase is None or (phase == CheckpointPhase.PENDING and not status.get("createdAt"))
+    if phase is None:
+        return cut_of(body) is None
+    return phase == CheckpointPhase.PENDING and not status.get("createdAt")
+
+
+def unshown(body: dict) -> bool:
+    """Admitted, its snapshot asked for, and no Pending written yet: a cut on it and no phase."""
+    return (body.get("status") or {}).get("phase") is None and cut_of(body) is not None
+
+
+def _pending_status(body: dict, cut: dict[str, Any], claim: str | None) -> dict[str, Any]:
+    """The Pending status of an admitted checkpoint: its cut, and that it is snapshotting."""
+    return {
+        **cut,
+        "phase": CheckpointPhase.PENDING.value,
+        "reason": None,
+        "message": f"snapshotting {claim or 'the workspace'} through event {cut['throughSequence']}",
+        "resume": {"kind": "snapshot"},
+        "conditions": ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
+    }
+
+
+def _resume_cut(body: dict, snapshot: dict | None) -> dict | None:
+    """Take up the cut of a checkpoint admitted without a Pending write, from its
+    VolumeSnapshot (`snapshot`, or read): the snapshot is asked for with it, so it is
+    there whenever a snapshot is. A snapshot of that name made without one (by someone
+    else, before the Checkpoint's admission used it) has the cut on the Checkpoint,
+    written after the snapshot was asked for. Returns the snapshot found (None: no
+    snapshot, or no cut)."""
+    meta = body["metadata"]
+    vs_name = snapshot_name(meta["name"])
+    if snapshot is None or snapshot["metadata"]["name"] != vs_name:
+        snapshot = k8s.get_volume_snapshot(meta["namespace"], vs_name)
+    if snapshot is None or owned_by_other(snapshot, body):
+        return None
+    cut = (cut_of(snapshot) if owned_by(snapshot, body) else None) or cut_of(body)
+    if cut is None:
+        return None
+    claim = ((snapshot.get("spec") or {}).get("source") or {}).get("persistentVolumeClaimName")
+    _hold_unwritten(body, _pending_status(body, cut, claim))
+    return snapshot
+
+
+def _hold_unwritten(body: dict, pending: dict[str, Any]) -> None:
+    """Carry on in this pass as if `pending` were written (it is written with what comes next)."""
+    body["status"] = {**(body.get("status") or {}), **pending, UNWRITTEN: pending}
+
+
+def _unwritten(status: dict) -> dict[str, Any]:
+    """The Pending status decided but not written, to write with the next status (taken off)."""
+    return status.pop(UNWRITTEN, None) or {}
 
 
 def poll_pending(namespace: str, name: str, settings: Settings) -> bool:
@@ -129,10 +212,17 @@ def poll_pending(namespace: str, name: str, settings: Settings) -> bool:
         state = snapshot_state(snapshot)
         made = snapshot["metadata"].get("creationTimestamp")
         young = made is not None and _now() - parse_time(made) <= settings.snapshot_timeout
-        if young and not state.ready and state.error is None:
+        if young and not state.ready and state.error is None and not _shows_pending_now(namespace, name):
             return False
     reconcile_checkpoint(namespace, name, settings, snapshot=snapshot)
     return True
+
+
+def _shows_pending_now(namespace: str, name: str) -> bool:
+    """Whether a checkpoint admitted without a Pending write has waited long enough to show it."""
+    body = cache.checkpoints.get(namespace, name)
+    cut = cut_of(body) if body is not None and unshown(body) else None
+    return cut is not None and _now() - parse_time(cut["createdAt"]) >= PENDING_SHOWN_AFTER
 
 
 # --- admission ------------------------------------------------------------------------
@@ -201,9 +291,9 @@ def observe_admission(
     live = [
         c
         for c in k8s.list_custom("checkpoints", namespace)
-        if c["metadata"]["name"] != own_name and (c.get("status") or {}).get("phase") in LIVE
+        if c["metadata"]["name"] != own_name and ((c.get("status") or {}).get("phase") in LIVE or unshown(c))
     ]
-    used = sum(parse_quantity(c["status"].get("restoreSize") or 0) for c in live)
+    used = sum(parse_quantity((c.get("status") or {}).get("restoreSize") or 0) for c in live)
     return policy, session, view, QuotaUse(len(live), used), snapshot_class
 
 
@@ -264,25 +354,24 @@ def _admit(body: dict, settings: Settings, seen_at: float | None) -> None:
     cursor = view.cursor or event_log(session).cursor()
     created = _now()
     session_spec = session.get("spec") or {}
+    cut = {
+        "throughSequence": cursor.seq,
+        "throughEventId": cursor.id,
+        "harnessRevision": (session_spec.get("harness") or {}).get("revision"),
+        "profileRevision": (session_spec.get("profile") or {}).get("revision"),
+        "volumeSnapshotName": snapshot_name(meta["name"]),
+        "createdAt": rfc3339(created),
+        "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
+    }
+    pending = _pending_status(body, cut, view.claim)
     hooks = checkpoint_hooks.initial_status(session)
-    write_status(
-        body,
-        {
-            **({"hooks": hooks} if hooks else {}),
-            "phase": CheckpointPhase.PENDING.value,
-            "reason": None,
-            "message": f"snapshotting {view.claim} through event {cursor.seq}",
-            "throughSequence": cursor.seq,
-            "throughEventId": cursor.id,
-            "harnessRevision": (session_spec.get("harness") or {}).get("revision"),
-            "profileRevision": (session_spec.get("profile") or {}).get("revision"),
-            "volumeSnapshotName": snapshot_name(meta["name"]),
-            "resume": {"kind": "snapshot"},
-            "createdAt": rfc3339(created),
-            "expiresAt": rfc3339(created + effective_ttl(spec.ttl, policy)),
-            "conditions": ready_condition(body, False, Reason.SNAPSHOTTING, "waiting for the VolumeSnapshot"),
-        },
-    )
+    quota = policy.max_checkpoints is not None or policy.max_checkpoint_bytes is not None
+    if hooks or quota or (body.get("status") or {}).get("phase") is not None:
+        # Written first: the hooks' steps write beside it, a quota counts it, and one that
+        # waited shows Pending already (its waiting reason would otherwise stay).
+        write_status(body, {**({"hooks": hooks} if hooks else {}), **pending})
+    else:
+        _hold_unwritten(body, pending)
     body["status"]["_claim"] = view.claim
     body["status"]["_class"] = snapshot_class
     body["status"]["_session"] = session
@@ -338,8 +427,13 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
             _fail(body, FailReason.HOOK_FAILED, refused)  # before the cut: no snapshot, no postCheckpoint
             return
         failpoints.hit("checkpoint.before_snapshot_created")
-        snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class))
+        cut = {k: status.get(k) for k in CUT_FIELDS}
+        snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class, cut))
         failpoints.hit("checkpoint.after_snapshot_created")
+        made_at = cut_of(snapshot) if owned_by(snapshot, body) else None
+        if made_at is not None and made_at != cut and UNWRITTEN in status:
+            # An earlier pass asked for it at another cut (and stopped before writing it): the snapshot's holds.
+            _hold_unwritten(body, _pending_status(body, made_at, claim))
     if owned_by_other(snapshot, body):
         # Left by an earlier Checkpoint of this name (a late pass made it after that one's
         # finalizer ran): the garbage collector is deleting it; ours is made once it is gone.
@@ -353,6 +447,8 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         return
     if not state.ready:
         created = parse_time(status["createdAt"])
+        if UNWRITTEN in status and _now() - created >= PENDING_SHOWN_AFTER:
+            write_status(body, _unwritten(status))  # slow: show Pending from now on
         if _now() - created > settings.snapshot_timeout:
             checkpoint_hooks.after_cut(body, write_status)
             _fail(
@@ -368,10 +464,15 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
 
 def _tie_to_session(body: dict) -> None:
     """Make the Checkpoint its Session's (an ownerReference, and the session label), so
-    deleting the Session deletes its checkpoints. After the snapshot is asked for, not
-    before: it is not on the way to the snapshot, which starts one request sooner."""
+    deleting the Session deletes its checkpoints; one admitted without a Pending write
+    gets its cut too (CUT_ANNOTATION), which says it is admitted. After the snapshot is
+    asked for, not before: it is not on the way to the snapshot, which starts one request
+    sooner, and the snapshot carries the cut meanwhile."""
     meta, name = body["metadata"], body["spec"]["sessionName"]
-    if any(r.get("kind") == "Session" and r.get("name") == name for r in meta.get("ownerReferences") or ()):
+    unwritten = body["status"].get(UNWRITTEN)
+    cut = cut_annotation(unwritten) if unwritten else None
+    owned = any(r.get("kind") == "Session" and r.get("name") == name for r in meta.get("ownerReferences") or ())
+    if owned and (cut is None or (meta.get("annotations") or {}).get(CUT_ANNOTATION) == cut):
         return
     session = body["status"].get("_session") or cache.session(meta["namespace"], name)
     if session is None:
@@ -384,11 +485,13 @@ def _tie_to_session(body: dict) -> None:
             "metadata": {
                 "ownerReferences": [{**owner_reference(session), "controller": False}],
                 "labels": {SESSION_LABEL: name},
+                **({"annotations": {CUT_ANNOTATION: cut}} if cut else {}),
             }
         },
     )
     if patched is not None:
         meta["ownerReferences"] = patched["metadata"].get("ownerReferences")
+        meta["annotations"] = patched["metadata"].get("annotations")
         cache.checkpoints.put(patched)
 
 
@@ -397,6 +500,7 @@ def _fail(body: dict, reason: FailReason, message: str) -> None:
     write_status(
         body,
         {
+            **_unwritten(body["status"]),  # its cut and clock: Failed ones are deleted after expiresAt
             "phase": CheckpointPhase.FAILED.value,
             "reason": reason.value,
             "message": message,
@@ -443,6 +547,7 @@ def _become_ready(body: dict, restore_size: str | None) -> None:
     write_status(
         body,
         {
+            **_unwritten(status),  # the cut, when no Pending was written
             "phase": CheckpointPhase.READY.value,
             "reason": None,
             "message": None,
