@@ -7,7 +7,6 @@ the same reason either way.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
@@ -30,6 +29,7 @@ from savepoint.constants import (
 
 # Re-exported for the handlers and controllers that read it here.
 from savepoint.constants import AUTOMATIC_LABEL as AUTOMATIC_LABEL
+from savepoint.cut import cut_annotation
 from savepoint.durations import parse_duration
 from savepoint.eventlog import Cursor
 from savepoint.models import CheckpointSpec, SessionPhase
@@ -265,47 +265,21 @@ def checkpoint_owner(body: dict[str, Any]) -> dict[str, Any]:
     return owner_reference(body, "Checkpoint")
 
 
+def _owner_uids(snapshot: dict[str, Any]) -> set[str]:
+    refs = snapshot.get("metadata", {}).get("ownerReferences") or []
+    return {r.get("uid") for r in refs if r.get("kind") == "Checkpoint"}
+
+
 def owned_by_other(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:
     """Whether a snapshot of this name belongs to an earlier Checkpoint of the same name
     (its owner's uid differs): the garbage collector is deleting it, it is not ours to use."""
-    refs = snapshot.get("metadata", {}).get("ownerReferences") or []
-    uids = {r.get("uid") for r in refs if r.get("kind") == "Checkpoint"}
+    uids = _owner_uids(snapshot)
     return bool(uids) and body["metadata"]["uid"] not in uids
-
-
-# What an admission decides of a Checkpoint's status: the cut, the snapshot's name and the clock.
-CUT_FIELDS = (
-    "throughSequence",
-    "throughEventId",
-    "harnessRevision",
-    "profileRevision",
-    "volumeSnapshotName",
-    "createdAt",
-    "expiresAt",
-)
-
-
-def cut_annotation(status: dict[str, Any]) -> str:
-    """The cut fields of a status, as the CUT_ANNOTATION value."""
-    return json.dumps({k: status.get(k) for k in CUT_FIELDS}, separators=(",", ":"), sort_keys=True)
-
-
-def cut_of(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """The cut an object's CUT_ANNOTATION carries; None when it has none (or one unreadable)."""
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(CUT_ANNOTATION)
-    try:
-        cut = json.loads(text) if text else None
-    except ValueError:
-        return None
-    if not isinstance(cut, dict) or not isinstance(cut.get("throughSequence"), int) or not cut.get("createdAt"):
-        return None
-    return {k: cut.get(k) for k in CUT_FIELDS}
 
 
 def owned_by(snapshot: dict[str, Any], body: dict[str, Any]) -> bool:
     """Whether a snapshot names this Checkpoint (its uid) as an owner."""
-    refs = snapshot.get("metadata", {}).get("ownerReferences") or []
-    return any(r.get("kind") == "Checkpoint" and r.get("uid") == body["metadata"]["uid"] for r in refs)
+    return body["metadata"]["uid"] in _owner_uids(snapshot)
 
 
 def build_volume_snapshot(

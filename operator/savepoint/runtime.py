@@ -129,7 +129,7 @@ class Runtime:
         self.own_appends = Spaced(OWN_APPEND_GAP_SECONDS)
         self._stood_by = False  # whether this replica has stood by since its last take-over
         self.pending_polls = PollQueue(pending_poll_seconds(settings))
-        self.expiry = expiry.ExpiryQueue()
+        self.expiry = expiry.clocks
         self.resyncs = PollQueue(settings.resync_seconds)
         self.idle_timers = DeadlineQueue()
         self._relist_resync_at = float("-inf")
@@ -346,6 +346,10 @@ class Runtime:
         namespace = body["metadata"].get("namespace", "")
         session = (body["metadata"].get("labels") or {}).get(SESSION_LABEL, "")
         if not sessions.child_changed(plural, event_type, body):
+            return
+        if plural == "configmaps" and fork.held(namespace, session):
+            # The rollback's own session.rollback append: a pass now would wait for the
+            # hand-back's pass, which starts the Pod, and follows the log in the same pass.
             return
         own = plural == "configmaps" and event_type == "MODIFIED" and eventlog.newest_type(body) == CHECKPOINT_CREATED
         if not own or self.own_appends.ask((namespace, session)):

@@ -12,10 +12,11 @@ import pytest
 from kubernetes import client
 
 from savepoint import k8s
-from savepoint.checkpoint import CHECKPOINT_LABEL, cut_of, moves_checkpoint, parse_quantity
+from savepoint.checkpoint import CHECKPOINT_LABEL, moves_checkpoint, parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
 from savepoint.controllers import expiry
+from savepoint.cut import cut_of
 from savepoint.eventlog import EventLog
 from savepoint.models import GROUP, VERSION
 from tests.conftest import SNAP, make_stuck_snapshot, wait_for

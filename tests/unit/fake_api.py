@@ -330,7 +330,7 @@ def forget_process_memory(monkeypatch: Any) -> None:
     """Start each test as a fresh operator process: no remembered passes, children, grants
     or namespaces (all of it is rebuilt from the API after a restart, as in production)."""
     from savepoint import controllers
-    from savepoint.controllers import cache, heartbeat, sandbox, session
+    from savepoint.controllers import cache, expiry, heartbeat, sandbox, session
 
     monkeypatch.setattr(controllers, "_done", {})
     monkeypatch.setattr(sandbox, "_granted", {})
@@ -340,4 +340,5 @@ def forget_process_memory(monkeypatch: Any) -> None:
     monkeypatch.setattr(session, "_log_restored", {})
     monkeypatch.setattr(session, "_resume_listings", {})
     cache.clear()
+    expiry.clocks.clear()
     monkeypatch.setattr(heartbeat, "_beats", {})

@@ -8,11 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from savepoint.checkpoint import cut_of, rfc3339, snapshot_name
+from savepoint.checkpoint import rfc3339, snapshot_name
 from savepoint.config import Settings
 from savepoint.constants import API_VERSION, SESSION_LABEL
 from savepoint.controllers import cache
 from savepoint.controllers.checkpoint import reconcile_checkpoint
+from savepoint.cut import cut_of
 from savepoint.eventlog import EventLog
 from tests.unit.fake_api import FakeAPI, Request
 
@@ -363,10 +364,8 @@ def test_one_namespace_read_serves_every_checkpoint_that_arrived_before_it(api):
         cache.clear()
 
 
-def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothing_else(api):
-    """A storm of thousands costs a read, the deletion and the status each: no Event."""
-    from savepoint.controllers.expiry import ExpiryQueue, drain
-
+def _ready_and_overdue(api) -> str:
+    """A Ready checkpoint "cp" whose expiresAt has passed; that expiresAt."""
     world(api, session("Ready"), ["message"])
     api.add("checkpoints", checkpoint())
     reconcile_checkpoint(NS, "cp", SETTINGS)
@@ -374,6 +373,14 @@ def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothin
     reconcile_checkpoint(NS, "cp", SETTINGS)
     past = rfc3339(datetime.now(UTC) - timedelta(seconds=1))
     api.patch("checkpoints", NS, "cp", {"status": {"expiresAt": past}}, status=True)
+    return past
+
+
+def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothing_else(api):
+    """A storm of thousands costs the deletion and the status each: no read, no Event."""
+    from savepoint.controllers.expiry import ExpiryQueue, drain
+
+    _ready_and_overdue(api)
     queue = ExpiryQueue()
     queue.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
     api.requests.clear()
@@ -381,11 +388,30 @@ def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothin
     assert drain(SETTINGS, queue)["expired"] == 1
     assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
     assert [(r.verb, r.kind) for r in api.requests] == [
-        ("get", "checkpoints"),
         ("delete", "volumesnapshots"),
         ("patch_status", "checkpoints"),
     ]
     assert api.events == []
+
+
+def test_an_expiry_taken_before_a_rollback_moved_expiresat_keeps_the_checkpoint(api):
+    """A storm's entry waits for a worker; a rollback refreshes the checkpoint's clock
+    meanwhile, through the queue: the worker finds it not due and deletes nothing."""
+    from savepoint.controllers import expiry
+    from savepoint.controllers.fork import _refresh_expiry
+
+    past = _ready_and_overdue(api)
+    expiry.clocks.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
+    [key], _ = expiry.clocks.take_due(datetime.now(UTC), SETTINGS.expired_grace)
+
+    _refresh_expiry(NS, "cp", SETTINGS)  # no watch event delivered yet
+    assert not expiry._expire_fresh(key, SETTINGS, expiry.clocks)
+    assert status(api)["phase"] == "Ready" and "sp-cp" in api.names("volumesnapshots")
+    # Without the refresh, the copy the watch gave says due, and the worker expires it.
+    api.patch("checkpoints", NS, "cp", {"status": {"expiresAt": past}}, status=True)
+    expiry.clocks.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
+    assert expiry._expire_fresh(key, SETTINGS, expiry.clocks)
+    assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
 
 
 def test_a_slow_snapshot_shows_pending_with_its_cut(api, monkeypatch):

@@ -300,6 +300,37 @@ def test_a_rollback_asks_for_its_claim_before_it_checks_the_log_and_holds_the_se
     assert all(kind != "configmaps" for _, kind, _ in order[:made])  # the log's check
 
 
+def test_a_rollback_waiting_for_its_claim_reads_nothing_then_swaps_from_fresh_reads(api):
+    """While the watches show the old Pod going or gone and the new claim unbound, each
+    pass a Session, Pod or claim event brings makes no request; the one that finds the
+    Pod gone and the claim Bound reads the Session and its Pod afresh before the swap."""
+    from savepoint.controllers import cache
+
+    claim = rollback_world(api)
+    pod = api.get("pods", NS, "s")
+    reconcile_fork(NS, "f", SETTINGS)
+    cache.claims.observe("ADDED", api.get("persistentvolumeclaims", NS, claim))
+    # The old Pod stopping (a real kubelet takes seconds): each of its events asks again.
+    cache.pods.observe(
+        "MODIFIED", {**pod, "metadata": {**pod["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}}
+    )
+    api.requests.clear()
+    reconcile_fork(NS, "f", SETTINGS)
+    assert api.requests == []
+    cache.pods.observe("DELETED", pod)
+    reconcile_fork(NS, "f", SETTINGS)
+    reconcile_fork(NS, "f", SETTINGS)
+    assert api.requests == []
+
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    cache.claims.observe("MODIFIED", api.get("persistentvolumeclaims", NS, claim))
+    api.requests.clear()
+    reconcile_fork(NS, "f", SETTINGS)
+    reads = [(r.verb, r.kind) for r in api.requests][:2]
+    assert sorted(reads) == [("get", "pods"), ("get", "sessions")]
+    assert api.get("sessions", NS, "s")["status"]["workspaceClaimName"] == claim
+
+
 def test_a_rollback_refused_after_a_restart_takes_away_the_claim_an_earlier_pass_made(api):
     claim = rollback_world(api)
     # A pass made the claim and stopped before the hold; meanwhile a run started.

@@ -72,6 +72,26 @@ def test_expiry_queue_follows_the_watch():
     assert queue.take_due(NOW, GRACE) == ([], [])
 
 
+def test_expiry_queue_keeps_the_newest_copy_of_each_clocked_checkpoint():
+    queue = ExpiryQueue()
+    newer = checkpoint("c", "Ready", NOW + timedelta(hours=1))
+    newer["metadata"]["resourceVersion"] = "12"
+    newer["status"]["volumeSnapshotName"] = "sp-c"
+    queue.observe("MODIFIED", newer)
+    older = checkpoint("c", "Ready", NOW)
+    older["metadata"]["resourceVersion"] = "11"
+    queue.observe("MODIFIED", older)  # an older answer arriving late changes nothing
+    assert queue.latest(("ns", "c")) == {
+        "metadata": {"namespace": "ns", "name": "c", "resourceVersion": "12"},
+        "status": {"phase": "Ready", "expiresAt": "2026-11-30T13:00:00Z", "volumeSnapshotName": "sp-c"},
+    }
+    assert queue.take_due(NOW, GRACE) == ([], [])
+    queue.observe("DELETED", newer)
+    assert queue.latest(("ns", "c")) is None
+    queue.observe("ADDED", checkpoint("r", "Rejected", NOW))
+    assert queue.latest(("ns", "r")) is None  # no clock, no copy
+
+
 def test_a_failed_expiry_goes_back_unless_the_watch_was_faster():
     queue = ExpiryQueue()
     queue.observe("ADDED", checkpoint("c", "Ready", NOW))
@@ -423,8 +443,8 @@ def test_the_runtime_knows_which_checkpoints_wait_for_which_session():
 def test_a_checkpoint_admitted_without_a_pending_write_no_longer_waits_and_is_polled():
     """Its owner patch carries the cut (no phase yet): it no longer waits for its Session,
     and its poll (which shows Pending for a snapshot still not ready) stays filed."""
-    from savepoint.checkpoint import cut_annotation
     from savepoint.constants import CUT_ANNOTATION
+    from savepoint.cut import cut_annotation
 
     now = [0.0]
     polls = PollQueue(30, clock=lambda: now[0])
@@ -532,3 +552,28 @@ def test_only_the_passes_for_our_own_checkpoint_created_appends_are_spaced():
     assert passes.take(0) is None and ("ns", "s") in memo.runtime.own_appends.later
     memo.runtime.observe_child("configmaps", "MODIFIED", chunk(3, "run.started"))
     assert passes.take(0) == (("ns", "s"), None)
+
+
+def test_a_held_sessions_log_appends_ask_for_no_pass_until_its_hand_back():
+    """While a rollback holds a Session, its append of session.rollback starts no pass:
+    that pass would only delay the hand-back's, which starts the Pod and reads the log."""
+    from savepoint.constants import RESTORING_ANNOTATION
+    from savepoint.controllers import cache
+
+    passes = WorkQueue("unit", 0, lambda key, payload: None)
+    memo = runtime_memo(session_passes=passes)
+    chunk = {
+        "metadata": {"namespace": "ns", "name": "s-log-000001", "resourceVersion": "7", "labels": {SESSION_LABEL: "s"}},
+        "data": {"000000000003": '{"type": "session.rollback"}'},
+    }
+    session = {"metadata": {"namespace": "ns", "name": "s", "resourceVersion": "5"}}
+    try:
+        cache.sessions.put({**session, "metadata": {**session["metadata"], "annotations": {RESTORING_ANNOTATION: "f"}}})
+        memo.runtime.observe_child("configmaps", "MODIFIED", chunk)
+        assert passes.take(0) is None
+        cache.sessions.put({**session, "metadata": {**session["metadata"], "resourceVersion": "6"}})  # released
+        chunk = {**chunk, "metadata": {**chunk["metadata"], "resourceVersion": "8"}, "data": {"000000000004": "{}"}}
+        memo.runtime.observe_child("configmaps", "MODIFIED", chunk)
+        assert passes.take(0) == (("ns", "s"), None)
+    finally:
+        cache.clear()

@@ -43,7 +43,8 @@ from savepoint.client.errors import (
     reason_error,
 )
 from savepoint.client.objects import KINDS, typed
-from savepoint.constants import CUT_ANNOTATION, IDEMPOTENCY_KEY_ANNOTATION
+from savepoint.constants import IDEMPOTENCY_KEY_ANNOTATION
+from savepoint.cut import cut_of
 from savepoint.models import API_VERSION, CheckpointSpec, ForkSpec, SessionSpec
 
 # Prefix of generated names; the server appends 5 random characters. Kept short so the
@@ -348,12 +349,8 @@ def state_text(obj: dict[str, Any]) -> str:
 
 def _cut_sequence(obj: dict[str, Any]) -> int | None:
     """The event an admitted Checkpoint is cut at, from its cut annotation (None: none)."""
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(CUT_ANNOTATION)
-    try:
-        seq = json.loads(text).get("throughSequence") if text else None
-    except (ValueError, AttributeError):
-        return None
-    return seq if isinstance(seq, int) else None
+    cut = cut_of(obj)
+    return cut["throughSequence"] if cut else None
 
 
 def progress_line(obj: dict[str, Any], elapsed: float) -> str:

@@ -103,6 +103,12 @@ class Store:
         with self._lock:
             return (namespace, name) in self._bodies
 
+    def matches(self, namespace: str, name: str, test: Callable[[dict], bool]) -> bool:
+        """Whether the newest body seen is there and `test` holds for it (no copy made)."""
+        with self._lock:
+            body = self._bodies.get((namespace, name))
+            return body is not None and test(body)
+
     def gone(self, namespace: str, name: str) -> bool:
         """Whether the last the watch said of this name was its deletion (nothing made since)."""
         with self._lock:

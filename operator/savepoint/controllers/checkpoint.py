@@ -26,7 +26,6 @@ from typing import Any
 from savepoint import failpoints, k8s, metrics
 from savepoint.checkpoint import (
     AUTOMATIC_LABEL,
-    CUT_FIELDS,
     FailReason,
     Patience,
     PolicyError,
@@ -37,8 +36,6 @@ from savepoint.checkpoint import (
     Wait,
     admit,
     build_volume_snapshot,
-    cut_annotation,
-    cut_of,
     effective_ttl,
     owned_by,
     owned_by_other,
@@ -57,6 +54,7 @@ from savepoint.controllers import cache, has_run, logview, one_pass
 from savepoint.controllers import hooks as checkpoint_hooks
 from savepoint.controllers import write_status as write_object_status
 from savepoint.controllers.logs import event_log
+from savepoint.cut import CUT_FIELDS, cut_annotation, cut_of
 from savepoint.errors import EventLogError
 from savepoint.eventlog import Cursor
 from savepoint.hooks import hooks_of
@@ -222,7 +220,12 @@ def _shows_pending_now(namespace: str, name: str) -> bool:
     """Whether a checkpoint admitted without a Pending write has waited long enough to show it."""
     body = cache.checkpoints.get(namespace, name)
     cut = cut_of(body) if body is not None and unshown(body) else None
-    return cut is not None and _now() - parse_time(cut["createdAt"]) >= PENDING_SHOWN_AFTER
+    return cut is not None and _shown_now(cut["createdAt"])
+
+
+def _shown_now(created_at: str) -> bool:
+    """Whether a checkpoint cut at `created_at` and not ready yet shows Pending by now."""
+    return _now() - parse_time(created_at) >= PENDING_SHOWN_AFTER
 
 
 # --- admission ------------------------------------------------------------------------
@@ -447,7 +450,7 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         return
     if not state.ready:
         created = parse_time(status["createdAt"])
-        if UNWRITTEN in status and _now() - created >= PENDING_SHOWN_AFTER:
+        if UNWRITTEN in status and _shown_now(status["createdAt"]):
             write_status(body, _unwritten(status))  # slow: show Pending from now on
         if _now() - created > settings.snapshot_timeout:
             checkpoint_hooks.after_cut(body, write_status)

@@ -60,6 +60,22 @@ def expire(body: dict) -> None:
 ENDED = (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED)
 
 
+def _small_copy(body: dict) -> dict:
+    """What an expiry reads of a checkpoint: its name, versions, clock, snapshot and conditions."""
+    meta, status = body["metadata"], body.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("namespace", "name", "resourceVersion", "generation") if k in meta},
+        "status": {k: status[k] for k in ("phase", "expiresAt", "volumeSnapshotName", "conditions") if k in status},
+    }
+
+
+def _version(body: dict) -> int:
+    try:
+        return int(body["metadata"].get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
 class ExpiryQueue:
     """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
     costs no request: (namespace, name) -> (when it is due, what to do then).
@@ -67,10 +83,13 @@ class ExpiryQueue:
     A Ready or Pending checkpoint is due for expiry at expiresAt; an Expired or Failed one
     for deletion at expiresAt + the grace period. Taking an entry removes it; the watch
     event of what was done (or of anything else that changes it) puts it back as it now is.
+    Beside each clock it keeps a small copy of the newest body seen (latest()), so an
+    expiry reads memory, not the API server, for the checkpoint as it is now.
     """
 
     def __init__(self) -> None:
         self._entries: dict[tuple[str, str], tuple[datetime, str]] = {}
+        self._copies: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -98,13 +117,25 @@ class ExpiryQueue:
         return "expire" if expires <= now else None
 
     def observe(self, event_type: str | None, body: dict) -> None:
+        """A watch event, or our own write's answer (older than the copy kept: ignored)."""
         key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
         clock = None if event_type == "DELETED" else self.clock(body)
         with self._lock:
+            old = self._copies.get(key)
+            if event_type != "DELETED" and old is not None and _version(body) < _version(old):
+                return
             if clock is None:
                 self._entries.pop(key, None)
+                self._copies.pop(key, None)
             else:
                 self._entries[key] = clock
+                self._copies[key] = _small_copy(body)
+
+    def latest(self, key: tuple[str, str]) -> dict | None:
+        """The newest copy seen of a checkpoint with a clock (None once it has none)."""
+        with self._lock:
+            copy = self._copies.get(key)
+        return {"metadata": dict(copy["metadata"]), "status": dict(copy["status"])} if copy else None
 
     def put_back(self, key: tuple[str, str], clock: tuple[datetime, str]) -> None:
         """Return an entry whose work failed, unless a watch event has filed a newer one."""
@@ -130,6 +161,21 @@ class ExpiryQueue:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._copies.clear()
+
+
+# The runtime's queue. The rollback's refresh of a checkpoint's expiresAt writes through
+# it (refreshed()), so an expiry that follows that refresh sees it before its watch event.
+clocks = ExpiryQueue()
+
+
+def refreshed(body: dict | None) -> None:
+    if body is not None:
+        clocks.observe("MODIFIED", body)
+
 
 def _expire_logged(body: dict) -> bool:
     meta = body["metadata"]
@@ -145,20 +191,21 @@ def _expire_logged(body: dict) -> bool:
 
 
 def _expire_fresh(key: tuple[str, str], settings: Settings, queue: ExpiryQueue) -> bool:
-    """Expire one checkpoint the queue says is due, after reading it again: the queue's
-    entry may be a moment old (a rollback can move expiresAt). One that fails goes back
-    in the queue, for the next pass."""
+    """Expire one checkpoint the queue says is due, as its newest copy is now: a storm's
+    entry may wait minutes for a worker, and a rollback can move expiresAt meanwhile (it
+    does so under the same lock, writing through the queue). One that fails goes back in
+    the queue, for the next pass."""
+    body = None
     try:
-        body = k8s.get_custom("checkpoints", *key)
-    except Exception:
-        log.exception("reading checkpoint %s/%s to expire it", *key)
-        queue.put_back(key, (_now(), CheckpointPhase.READY.value))
-        return False
-    if body is None or queue.due_action(body, _now(), settings.expired_grace) != "expire":
-        return False
-    if _expire_logged(body):
-        return True
-    clock = queue.clock(body)
+        with object_lock("checkpoint", *key):
+            body = queue.latest(key)
+            if body is None or queue.due_action(body, _now(), settings.expired_grace) != "expire":
+                return False  # deleted, moved on, or given a later expiresAt meanwhile
+            expire(body)
+            return True
+    except Exception:  # one bad object must not stop the sweep
+        log.exception("expiring checkpoint %s/%s", *key)
+    clock = queue.clock(body) if body is not None else None
     if clock is not None:
         queue.put_back(key, clock)
     return False
@@ -196,7 +243,7 @@ def sweep(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -
 
 
 def drain(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -> dict[str, int]:
-    """Expire and delete what the queue says is due: no listing, a GET per due checkpoint."""
+    """Expire and delete what the queue says is due: no listing, no read."""
     now = now or _now()
     to_expire, to_delete = queue.take_due(now, settings.expired_grace)
     counts = {"expired": 0, "deleted": 0}

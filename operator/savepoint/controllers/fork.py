@@ -28,7 +28,7 @@ from savepoint.checkpoint import (
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
-from savepoint.controllers import cache, object_lock, write_status
+from savepoint.controllers import cache, expiry, object_lock, write_status
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
@@ -121,6 +121,13 @@ def rollbacks_waiting_on(namespace: str, session: str) -> list[str]:
             (f.get("spec") or {}).get("mode") == ForkMode.ROLLBACK
             and (f.get("status") or {}).get("targetSession") == session
         ),
+    )
+
+
+def held(namespace: str, session: str) -> bool:
+    """Whether a rollback holds this Session, as its watch (or our own write) last showed it."""
+    return cache.sessions.matches(
+        namespace, session, lambda s: RESTORING_ANNOTATION in (s["metadata"].get("annotations") or {})
     )
 
 
@@ -359,30 +366,69 @@ def _succeed(body: dict, target: str) -> None:
 # --- rollback ---------------------------------------------------------------------------
 
 
+def _fresh(namespace: str, session: str) -> tuple[dict | None, dict | None]:
+    """The Session and its Pod read from the API server, together."""
+    return tuple(  # type: ignore[return-value]
+        _together(
+            lambda: k8s.get_custom("sessions", namespace, session),
+            lambda: k8s.get_pod(namespace, pod_name(session)),
+        )
+    )
+
+
+def _waits_for_claim(namespace: str, session: dict | None, fork: str, claim: str) -> bool:
+    """Whether, as the watches show it, this held rollback has nothing to do but wait: for
+    the old Pod, already being deleted, to go (its DELETED event brings the next pass), or
+    with it gone for the new claim to bind. Such a pass (each Session, Pod and claim event
+    brings one) reads nothing from the API server."""
+    if session is None or (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION) != fork:
+        return False
+    pvc = cache.claims.get(namespace, claim)
+    if pvc is None:
+        return False
+    pod = cache.pod(namespace, pod_name(session["metadata"]["name"]))
+    if pod is not None:
+        return bool(pod["metadata"].get("deletionTimestamp"))
+    return (pvc.get("status") or {}).get("phase") != "Bound"
+
+
+def _handed_back(session: dict, fork: str, claim: str) -> bool:
+    """Whether this rollback swapped the claim in and released the Session on an earlier pass."""
+    held_by = (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION)
+    return held_by != fork and (session.get("status") or {}).get("workspaceClaimName") == claim
+
+
+def _until_back(body: dict, session: dict, plan: Plan, settings: Settings) -> None:
+    """Succeed once the handed-back Session is live again (a run may already have started
+    on the restored workspace)."""
+    if (session.get("status") or {}).get("phase") in LIVE_PHASES:
+        # The checkpoint's expiry starts again now that the session runs on it: after the
+        # Session is back, not on its way (a retried pass refreshes it again).
+        _refresh_expiry(body["metadata"]["namespace"], plan.checkpoint, settings)
+        _succeed(body, session["metadata"]["name"])
+
+
 def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str | None:
     meta = body["metadata"]
     namespace = meta["namespace"]
-    # The Pod is read beside the Session: step 1 needs it on every pass but the last.
-    session, pod = _together(
-        lambda: k8s.get_custom("sessions", namespace, plan.source_session),
-        lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
-    )
+    claim = target_claim_name(plan.source_session, meta["name"])
+    seen = cache.sessions.get(namespace, plan.source_session)
+    if _waits_for_claim(namespace, seen, meta["name"], claim):
+        return None
+    if seen is not None and _handed_back(seen, meta["name"], claim):
+        _until_back(body, seen, plan, settings)  # as the watch shows it
+        return None
+    # Every other step reads the Session and its Pod afresh: whether a run started, the
+    # hold, and the Pod that must be gone before the claim is swapped.
+    session, pod = _fresh(namespace, plan.source_session)
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     annotations = session["metadata"].get("annotations") or {}
     name = session["metadata"]["name"]
-    claim = target_claim_name(name, meta["name"])
-    sstatus = session.get("status") or {}
 
     if annotations.get(RESTORING_ANNOTATION) != meta["name"]:
-        if sstatus.get("workspaceClaimName") == claim:
-            # Swapped and released on an earlier pass: wait for the session to come back
-            # (a run may already have started on the restored workspace).
-            if sstatus.get("phase") in LIVE_PHASES:
-                # The checkpoint's expiry starts again now that the session runs on it: after
-                # the Session is back, not on its way (a retried pass refreshes it again).
-                _refresh_expiry(namespace, plan.checkpoint, settings)
-                _succeed(body, name)
+        if _handed_back(session, meta["name"], claim):
+            _until_back(body, session, plan, settings)
             return None
         try:
             _may_roll_back(session)
@@ -511,10 +557,13 @@ def _check_idle(session: dict) -> None:
 def _refresh_expiry(namespace: str, checkpoint: str | None, settings: Settings) -> None:
     if not checkpoint:
         return
-    body = k8s.get_custom("checkpoints", namespace, checkpoint)
-    if body is None:
-        return
-    ns = k8s.get_namespace(namespace)
-    policy = policy_from_annotations(ns["metadata"].get("annotations"), settings.default_checkpoint_ttl)
-    ttl = effective_ttl(body["spec"].get("ttl"), policy)
-    k8s.patch_status("checkpoints", namespace, checkpoint, {"expiresAt": rfc3339(_now() + ttl)})
+    # Under the lock an expiry takes, written through its queue: an expiry of the old
+    # expiresAt either happened before this or sees the new one.
+    with object_lock("checkpoint", namespace, checkpoint):
+        body = k8s.get_custom("checkpoints", namespace, checkpoint)
+        if body is None:
+            return
+        ns = k8s.get_namespace(namespace)
+        policy = policy_from_annotations(ns["metadata"].get("annotations"), settings.default_checkpoint_ttl)
+        ttl = effective_ttl(body["spec"].get("ttl"), policy)
+        expiry.refreshed(k8s.patch_status("checkpoints", namespace, checkpoint, {"expiresAt": rfc3339(_now() + ttl)}))

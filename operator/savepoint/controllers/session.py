@@ -268,9 +268,12 @@ def _reconcile(
     # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
     # in force from here on (the user's spec, paused while the idle pause holds).
     user_spec = spec
-    view = _view(body, elog)
+    # The log is read before the Pod only when the idle pause needs it: a rollback's
+    # hand-back reads its whole log again, and its Pod waits on nothing the log says.
+    view: LogView | EventLogError | None = None
     idle_state: dict[str, Any] | None = old_status.get("idle")
     if spec.idle is not None or idle_state:
+        view = _view(body, elog)
         idle_state = _idle_step(body, spec, elog, view, hold)
         if idle.is_paused(idle_state, meta.get("generation")):
             spec = spec.model_copy(update={"operating_mode": OperatingMode.PAUSED})
@@ -326,6 +329,8 @@ def _reconcile(
             extra["reclaimedCheckpoint"] = done
             pvc = None
 
+    if view is None:
+        view = _view(body, elog)
     beat = heartbeat.seen(namespace, name, settings.heartbeat_stale_seconds)
     seen = dataclasses.replace(_observe_log(view, pod, pvc), heartbeat=beat)
     warning = _mount_warning(namespace, pod)
