@@ -29,7 +29,8 @@ from savepoint.models import FINISHED_FORK_PHASES, SETTLED_CHECKPOINT_PHASES
 Key = tuple[str, str]
 
 
-def _version(body: dict) -> int:
+def version(body: dict) -> int:
+    """A body's resourceVersion as a number, to order two bodies of one object."""
     try:
         return int(body["metadata"].get("resourceVersion") or 0)
     except ValueError:  # opaque to clients in principle; etcd's are integers
@@ -39,7 +40,7 @@ def _version(body: dict) -> int:
 def newest(*bodies: dict | None) -> dict | None:
     """The body with the highest resourceVersion among those given (None for none)."""
     present = [b for b in bodies if b]
-    return max(present, key=_version) if present else None
+    return max(present, key=version) if present else None
 
 
 # Bodies kept per kind, the least recently written dropped first: a pass that misses reads
@@ -83,7 +84,7 @@ class Store:
         with self._lock:
             self._gone.pop(key, None)
             old = self._bodies.get(key)
-            if old is not None and _version(body) < _version(old):
+            if old is not None and version(body) < version(old):
                 return
             if not self._keep(body):
                 self._bodies.pop(key, None)
@@ -195,7 +196,7 @@ class Chunks:
 
     def _keep(self, key: Key, index: int, held: tuple[int, dict] | None, body: dict) -> None:
         if held is not None and held[0] == index:
-            if _version(body) <= _version(held[1]):
+            if version(body) <= version(held[1]):
                 return
             old, new = held[1].get("data") or {}, body.get("data") or {}
             if any(new.get(k) != v for k, v in old.items()):

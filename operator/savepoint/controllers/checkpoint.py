@@ -177,12 +177,17 @@ def _resume_cut(body: dict, snapshot: dict | None) -> dict | None:
         snapshot = k8s.get_volume_snapshot(meta["namespace"], vs_name)
     if snapshot is None or owned_by_other(snapshot, body):
         return None
-    cut = (cut_of(snapshot) if owned_by(snapshot, body) else None) or cut_of(body)
+    cut = _own_cut(snapshot, body) or cut_of(body)
     if cut is None:
         return None
     claim = ((snapshot.get("spec") or {}).get("source") or {}).get("persistentVolumeClaimName")
     _hold_unwritten(body, _pending_status(body, cut, claim))
     return snapshot
+
+
+def _own_cut(snapshot: dict, body: dict) -> dict | None:
+    """The cut on `snapshot` when it is this checkpoint's (None when it is not, or has none)."""
+    return cut_of(snapshot) if owned_by(snapshot, body) else None
 
 
 def _hold_unwritten(body: dict, pending: dict[str, Any]) -> None:
@@ -433,7 +438,7 @@ def _progress(body: dict, settings: Settings, watched: dict | None = None) -> No
         cut = {k: status.get(k) for k in CUT_FIELDS}
         snapshot = k8s.ensure_volume_snapshot(build_volume_snapshot(body, claim, snapshot_class, cut))
         failpoints.hit("checkpoint.after_snapshot_created")
-        made_at = cut_of(snapshot) if owned_by(snapshot, body) else None
+        made_at = _own_cut(snapshot, body)
         if made_at is not None and made_at != cut and UNWRITTEN in status:
             # An earlier pass asked for it at another cut (and stopped before writing it): the snapshot's holds.
             _hold_unwritten(body, _pending_status(body, made_at, claim))

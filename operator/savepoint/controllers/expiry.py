@@ -18,7 +18,7 @@ from savepoint import k8s, metrics
 from savepoint.checkpoint import parse_time
 from savepoint.config import Settings
 from savepoint.constants import Reason
-from savepoint.controllers import object_lock
+from savepoint.controllers import cache, object_lock
 from savepoint.controllers.checkpoint import ready_condition, write_status
 from savepoint.models import CheckpointPhase
 
@@ -69,13 +69,6 @@ def _small_copy(body: dict) -> dict:
     }
 
 
-def _version(body: dict) -> int:
-    try:
-        return int(body["metadata"].get("resourceVersion") or 0)
-    except ValueError:
-        return 0
-
-
 class ExpiryQueue:
     """Each checkpoint's expiry clock, fed by the Checkpoint watch, so finding what is due
     costs no request: (namespace, name) -> (when it is due, what to do then).
@@ -122,7 +115,7 @@ class ExpiryQueue:
         clock = None if event_type == "DELETED" else self.clock(body)
         with self._lock:
             old = self._copies.get(key)
-            if event_type != "DELETED" and old is not None and _version(body) < _version(old):
+            if event_type != "DELETED" and old is not None and cache.version(body) < cache.version(old):
                 return
             if clock is None:
                 self._entries.pop(key, None)

@@ -366,16 +366,6 @@ def _succeed(body: dict, target: str) -> None:
 # --- rollback ---------------------------------------------------------------------------
 
 
-def _fresh(namespace: str, session: str) -> tuple[dict | None, dict | None]:
-    """The Session and its Pod read from the API server, together."""
-    return tuple(  # type: ignore[return-value]
-        _together(
-            lambda: k8s.get_custom("sessions", namespace, session),
-            lambda: k8s.get_pod(namespace, pod_name(session)),
-        )
-    )
-
-
 def _waits_for_claim(namespace: str, session: dict | None, fork: str, claim: str) -> bool:
     """Whether, as the watches show it, this held rollback has nothing to do but wait: for
     the old Pod, already being deleted, to go (its DELETED event brings the next pass), or
@@ -420,7 +410,11 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
         return None
     # Every other step reads the Session and its Pod afresh: whether a run started, the
     # hold, and the Pod that must be gone before the claim is swapped.
-    session, pod = _fresh(namespace, plan.source_session)
+    # The Session and its Pod read afresh, together.
+    session, pod = _together(
+        lambda: k8s.get_custom("sessions", namespace, plan.source_session),
+        lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
+    )
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     annotations = session["metadata"].get("annotations") or {}
