@@ -405,12 +405,12 @@ def test_an_expiry_taken_before_a_rollback_moved_expiresat_keeps_the_checkpoint(
     [key], _ = expiry.clocks.take_due(datetime.now(UTC), SETTINGS.expired_grace)
 
     _refresh_expiry(NS, "cp", SETTINGS)  # no watch event delivered yet
-    assert not expiry._expire_fresh(key, SETTINGS, expiry.clocks)
+    assert not expiry._expire_due(key, SETTINGS, expiry.clocks)
     assert status(api)["phase"] == "Ready" and "sp-cp" in api.names("volumesnapshots")
     # Without the refresh, the copy the watch gave says due, and the worker expires it.
     api.patch("checkpoints", NS, "cp", {"status": {"expiresAt": past}}, status=True)
     expiry.clocks.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
-    assert expiry._expire_fresh(key, SETTINGS, expiry.clocks)
+    assert expiry._expire_due(key, SETTINGS, expiry.clocks)
     assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
 
 

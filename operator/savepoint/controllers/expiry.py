@@ -183,7 +183,7 @@ def _expire_logged(body: dict) -> bool:
     return True
 
 
-def _expire_fresh(key: tuple[str, str], settings: Settings, queue: ExpiryQueue) -> bool:
+def _expire_due(key: tuple[str, str], settings: Settings, queue: ExpiryQueue) -> bool:
     """Expire one checkpoint the queue says is due, as its newest copy is now: a storm's
     entry may wait minutes for a worker, and a rollback can move expiresAt meanwhile (it
     does so under the same lock, writing through the queue). One that fails goes back in
@@ -243,6 +243,6 @@ def drain(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -
     for namespace, name in to_delete:
         k8s.delete_custom("checkpoints", namespace, name)
         counts["deleted"] += 1
-    expire_one = lambda key: _expire_fresh(key, settings, queue)  # noqa: E731
+    expire_one = lambda key: _expire_due(key, settings, queue)  # noqa: E731
     counts["expired"] += _count_done(expire_one, to_expire, settings.expiry_workers)
     return counts

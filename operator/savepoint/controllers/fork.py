@@ -408,9 +408,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
     if seen is not None and _handed_back(seen, meta["name"], claim):
         _until_back(body, seen, plan, settings)  # as the watch shows it
         return None
-    # Every other step reads the Session and its Pod afresh: whether a run started, the
-    # hold, and the Pod that must be gone before the claim is swapped.
-    # The Session and its Pod read afresh, together.
+    # Every other step reads the Session and its Pod afresh, together: whether a run
+    # started, the hold, and the Pod that must be gone before the claim is swapped.
     session, pod = _together(
         lambda: k8s.get_custom("sessions", namespace, plan.source_session),
         lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
