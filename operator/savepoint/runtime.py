@@ -445,7 +445,9 @@ class Runtime:
 
     def fork_pass(self, namespace: str, name: str) -> None:
         with count_errors("fork"):
-            handed_back = fork.reconcile_fork(namespace, name, self.settings)
+            handed_back = fork.reconcile_fork(
+                namespace, name, self.settings, swapped=lambda session: self.session_passes.file((namespace, session))
+            )
         if handed_back:  # its Pod on the restored claim now, not after the Session's watch event
             self.session_passes.file((namespace, handed_back))
 

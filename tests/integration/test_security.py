@@ -42,6 +42,9 @@ def sandbox_policy(api: client.ApiClient) -> Iterator[None]:
                 raise
             delete(body["metadata"]["name"])
             wait_for(lambda b=body, c=create: _created(c, b), timeout=30, what=f"{body['kind']} re-created")
+    # The API server enforces a new policy only once its admission plugin has seen both
+    # objects; until then a sandbox's wrong create would pass. Wait for a refusal.
+    wait_for(lambda: _policy_refuses(api), timeout=30, what="the sandbox policy in force")
     yield
     reg.delete_validating_admission_policy_binding(binding["metadata"]["name"])
     reg.delete_validating_admission_policy(policy["metadata"]["name"])
@@ -55,6 +58,23 @@ def _created(create, body) -> bool:
         if err.status == 409:
             return False
         raise
+
+
+def _policy_refuses(api: client.ApiClient) -> bool:
+    """Whether a dry-run create of a name no sandbox may write, as a sandbox account, is
+    refused by the policy. The probe is also in system:masters, so RBAC lets it through
+    and only admission can refuse it; a dry run stores nothing."""
+    probe = client.ApiClient(api.configuration)
+    probe.set_default_header("Impersonate-User", "system:serviceaccount:default:savepoint-sandbox-probe")
+    probe.set_default_header("Impersonate-Group", "system:masters")
+    body = chunk_body("not-a-chunk", "probe")
+    try:
+        client.CoreV1Api(probe).create_namespaced_config_map("default", body, dry_run="All")
+    except client.ApiException as err:
+        if err.status == 403 and "writes only its own event-log chunks" in (err.body or ""):
+            return True
+        raise
+    return False
 
 
 def sandbox_core(api: client.ApiClient, core: client.CoreV1Api, namespace: str, session: str) -> client.CoreV1Api:

@@ -270,6 +270,48 @@ def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
     assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2026-01-02T00:00:00Z"
 
 
+def test_the_pod_starts_on_the_restored_claim_once_swapped_and_recorded_not_before(api):
+    """Told of the swap, the Session's pass starts the Pod on the restored claim while the
+    hold is still on (the hand-back goes on beside it); a hold that this process has not
+    seen swapped (a restart) keeps the Pod away until the hand-back."""
+    from savepoint.controllers import cache
+    from savepoint.controllers.fork import forget_rollback
+    from savepoint.controllers.session import reconcile_session
+
+    claim = rollback_world(api)
+    template = {"spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}
+    api.patch("sessions", NS, "s", {"spec": {"podTemplate": template}})
+    reconcile_fork(NS, "f", SETTINGS)
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    seen: list[tuple] = []
+
+    def swapped(name: str) -> None:
+        held = api.get("sessions", NS, name)
+        recorded = [e.type for e in log(api).read()][-1]
+        reconcile_session(NS, name, SETTINGS)
+        pod = api.get("pods", NS, name)
+        volumes = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["spec"]["volumes"]}
+        seen.append((held["metadata"]["annotations"].get(RESTORING_ANNOTATION), recorded, claim in volumes.values()))
+
+    api.fail("patch", "sessions", 500)  # the hand-back fails once, after the swap and the Pod
+    with pytest.raises(ApiException):
+        reconcile_fork(NS, "f", SETTINGS, swapped=swapped)
+    assert seen == [("f", "session.rollback", True)]
+    made = api.get("pods", NS, "s")["metadata"]["uid"]
+
+    # A restart right then: the pass sees the hold and the swap, not that this process swapped.
+    forget_rollback(NS, "f")
+    cache.clear()
+    reconcile_session(NS, "s", SETTINGS)
+    assert api.names("pods") == []  # the hold keeps it away
+    reconcile_fork(NS, "f", SETTINGS)  # the retried pass goes straight to the hand-back
+    assert RESTORING_ANNOTATION not in (api.get("sessions", NS, "s")["metadata"].get("annotations") or {})
+    reconcile_session(NS, "s", SETTINGS)
+    assert api.get("pods", NS, "s")["metadata"]["uid"] != made
+    assert api.names("persistentvolumeclaims") == [claim]
+    assert [e.type for e in log(api).read()].count("session.rollback") == 1
+
+
 @pytest.mark.parametrize(
     ("events", "phase", "reason"),
     [
@@ -300,15 +342,21 @@ def test_a_rollback_asks_for_its_claim_before_it_checks_the_log_and_holds_the_se
     assert all(kind != "configmaps" for _, kind, _ in order[:made])  # the log's check
 
 
-def test_a_rollback_waiting_for_its_claim_reads_nothing_then_swaps_from_fresh_reads(api):
+@pytest.mark.parametrize("restarted", [False, True], ids=["held here", "held before a restart"])
+def test_a_rollback_waiting_for_its_claim_reads_nothing_then_swaps(api, restarted):
     """While the watches show the old Pod going or gone and the new claim unbound, each
-    pass a Session, Pod or claim event brings makes no request; the one that finds the
-    Pod gone and the claim Bound reads the Session and its Pod afresh before the swap."""
+    pass a Session, Pod or claim event brings makes no request. The one that finds the Pod
+    gone and the claim Bound swaps from those copies when this process placed the hold (no
+    pass of the Session here makes a Pod while it is held), and reads the Session and its
+    Pod afresh first when the hold is older than the process."""
     from savepoint.controllers import cache
+    from savepoint.controllers.fork import forget_rollback
 
     claim = rollback_world(api)
     pod = api.get("pods", NS, "s")
     reconcile_fork(NS, "f", SETTINGS)
+    if restarted:
+        forget_rollback(NS, "f")
     cache.claims.observe("ADDED", api.get("persistentvolumeclaims", NS, claim))
     # The old Pod stopping (a real kubelet takes seconds): each of its events asks again.
     cache.pods.observe(
@@ -326,8 +374,8 @@ def test_a_rollback_waiting_for_its_claim_reads_nothing_then_swaps_from_fresh_re
     cache.claims.observe("MODIFIED", api.get("persistentvolumeclaims", NS, claim))
     api.requests.clear()
     reconcile_fork(NS, "f", SETTINGS)
-    reads = [(r.verb, r.kind) for r in api.requests][:2]
-    assert sorted(reads) == [("get", "pods"), ("get", "sessions")]
+    reads = {(r.verb, r.kind) for r in api.requests} & {("get", "pods"), ("get", "sessions")}
+    assert reads == ({("get", "pods"), ("get", "sessions")} if restarted else set())
     assert api.get("sessions", NS, "s")["status"]["workspaceClaimName"] == claim
 
 

@@ -124,6 +124,25 @@ def rollbacks_waiting_on(namespace: str, session: str) -> list[str]:
     )
 
 
+# (namespace, fork) of each rollback that placed its hold in this process, and -> the
+# Session of each whose claim swap and session.rollback record are both in, until the
+# Fork is done or gone.
+_held_here: set[tuple[str, str]] = set()
+_swapped: dict[tuple[str, str], str] = {}
+
+
+def swapped_in(namespace: str, session: str, fork: str) -> bool:
+    """Whether the rollback `fork`, which holds `session`, has swapped the restored claim
+    in and recorded session.rollback, in this process: the Pod may start on that claim
+    while the hold is released. After a restart it is false until the hand-back."""
+    return _swapped.get((namespace, fork)) == session
+
+
+def forget_rollback(namespace: str, fork: str) -> None:
+    _held_here.discard((namespace, fork))
+    _swapped.pop((namespace, fork), None)
+
+
 def held(namespace: str, session: str) -> bool:
     """Whether a rollback holds this Session, as its watch (or our own write) last showed it."""
     return cache.sessions.matches(
@@ -142,14 +161,17 @@ def waiting_on_checkpoint(namespace: str, checkpoint: str) -> list[str]:
     )
 
 
-def reconcile_fork(namespace: str, name: str, settings: Settings) -> str | None:
+def reconcile_fork(
+    namespace: str, name: str, settings: Settings, swapped: Callable[[str], None] = lambda session: None
+) -> str | None:
     """One pass; the name of the Session a rollback handed back in it (released from its
-    hold, on the restored claim), whose own pass then starts its Pod."""
+    hold, on the restored claim). `swapped` is told the Session whose claim a rollback has
+    just swapped in: its pass may start the Pod on it then, while the hold is released."""
     with object_lock("fork", namespace, name):
-        return _reconcile(namespace, name, settings)
+        return _reconcile(namespace, name, settings, swapped)
 
 
-def _reconcile(namespace: str, name: str, settings: Settings) -> str | None:
+def _reconcile(namespace: str, name: str, settings: Settings, swapped: Callable[[str], None]) -> str | None:
     body = cache.fork(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
@@ -160,7 +182,7 @@ def _reconcile(namespace: str, name: str, settings: Settings) -> str | None:
     try:
         plan = resolve(namespace, spec, body, settings)
         if spec.mode == ForkMode.ROLLBACK:
-            return _rollback(body, spec, plan, settings)
+            return _rollback(body, spec, plan, settings, swapped)
         _fork(body, spec, plan)
     except ForkWait as wait:
         _write_waiting(body, str(wait))
@@ -382,6 +404,20 @@ def _waits_for_claim(namespace: str, session: dict | None, fork: str, claim: str
     return (pvc.get("status") or {}).get("phase") != "Bound"
 
 
+def _ready_to_swap(namespace: str, session: dict | None, fork: str, claim: str) -> bool:
+    """Whether this process placed the hold (so no pass of it makes the Pod meanwhile), and
+    the watches show the old Pod gone and the restored claim Bound, not yet swapped in."""
+    if session is None or (namespace, fork) not in _held_here:
+        return False
+    if (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION) != fork:
+        return False
+    if (session.get("status") or {}).get("workspaceClaimName") == claim:
+        return False
+    pvc = cache.claims.get(namespace, claim)
+    bound = pvc is not None and (pvc.get("status") or {}).get("phase") == "Bound"
+    return bound and cache.pod(namespace, pod_name(session["metadata"]["name"])) is None
+
+
 def _handed_back(session: dict, fork: str, claim: str) -> bool:
     """Whether this rollback swapped the claim in and released the Session on an earlier pass."""
     held_by = (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION)
@@ -396,9 +432,10 @@ def _until_back(body: dict, session: dict, plan: Plan, settings: Settings) -> No
         # Session is back, not on its way (a retried pass refreshes it again).
         _refresh_expiry(body["metadata"]["namespace"], plan.checkpoint, settings)
         _succeed(body, session["metadata"]["name"])
+        forget_rollback(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
-def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str | None:
+def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swapped: Callable[[str], None]) -> str | None:
     meta = body["metadata"]
     namespace = meta["namespace"]
     claim = target_claim_name(plan.source_session, meta["name"])
@@ -408,12 +445,18 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
     if seen is not None and _handed_back(seen, meta["name"], claim):
         _until_back(body, seen, plan, settings)  # as the watch shows it
         return None
-    # Every other step reads the Session and its Pod afresh, together: whether a run
-    # started, the hold, and the Pod that must be gone before the claim is swapped.
-    session, pod = _together(
-        lambda: k8s.get_custom("sessions", namespace, plan.source_session),
-        lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
-    )
+    if _ready_to_swap(namespace, seen, meta["name"], claim):
+        # Held by this rollback since a hold no pass of the Session in this process saw
+        # coming, the old Pod gone and the claim Bound, as the watches show it: none of
+        # the Session's passes makes a Pod while it is held, so the copies tell it all.
+        session, pod = seen, None
+    else:
+        # Every other step reads the Session and its Pod afresh, together: whether a run
+        # started, the hold, and the Pod that must be gone before the claim is swapped.
+        session, pod = _together(
+            lambda: k8s.get_custom("sessions", namespace, plan.source_session),
+            lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
+        )
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     annotations = session["metadata"].get("annotations") or {}
@@ -435,7 +478,11 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
             k8s.delete_pvc(namespace, claim)
             raise
         hold = {"metadata": {"annotations": {RESTORING_ANNOTATION: meta["name"]}}}
-        cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
+        with object_lock("session", namespace, name):
+            # Between two of the Session's passes: none is half-way, making a Pod from a
+            # body without the hold, and each later one reads this body or a newer one.
+            cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
+            _held_here.add((namespace, meta["name"]))
         _write(
             body,
             {"phase": ForkPhase.RESTORING.value, "targetSession": name},
@@ -444,15 +491,18 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
         # On at once: a Session pass that started before the hold may still make the Pod
         # again, and step 1 deletes it again on the next pass.
 
-    # 1. The Pod must be gone: running processes do not survive a rollback.
-    if pod is not None:
-        k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
-        return None
-    # 2. A new claim restored from the snapshot (made on the first pass; a restart may have missed it).
-    pvc = cache.claim(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
-    failpoints.hit("rollback.after_claim_created")
-    if (pvc.get("status") or {}).get("phase") != "Bound":
-        return None
+    # A pass that stopped after the swap (step 4) left the Session on the restored claim,
+    # where its Pod may already run (swapped_in): steps 1 and 2 are behind it.
+    if (session.get("status") or {}).get("workspaceClaimName") != claim:
+        # 1. The Pod must be gone: running processes do not survive a rollback.
+        if pod is not None:
+            k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
+            return None
+        # 2. A new claim restored from the snapshot (made on the first pass; a restart may have missed it).
+        pvc = cache.claim(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
+        failpoints.hit("rollback.after_claim_created")
+        if (pvc.get("status") or {}).get("phase") != "Bound":
+            return None
     # 3. The rollback is recorded in the same log, once: written against the chunk watch's
     # copy of the newest chunk (a stale copy costs a fresh read, never a repeat).
     elog = event_log(session)
@@ -475,20 +525,24 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings) -> str
     # Beside the append, and beside listing the Session's other claims: the hold keeps the
     # Pod away until both are in, and each is safe to repeat if the pass stops between.
     started = time.monotonic()
-    swapped = {
+    swap = {
         "workspaceClaimName": claim,
         "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
     }
     _, written, claims = _together(
         record,
-        lambda: k8s.patch_status("sessions", namespace, name, swapped),
+        lambda: k8s.patch_status("sessions", namespace, name, swap),
         lambda: k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"),
     )
     cache.sessions.put(written)
     failpoints.hit("rollback.after_swap")
+    # With both in, the Session's pass starts the Pod on the restored claim now, while step
+    # 5 releases the hold and the old claims (swapped_in).
+    _swapped[(namespace, meta["name"])] = name
+    swapped(name)
     # 5. Release the old claim, and any a pass that died right after the swap left behind
     # (listed while the rollback held the session, when no other claim of it was in use),
-    # and hand the session back to its controller, which starts the Pod on the new claim.
+    # and hand the session back to its controller.
     released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
     old_claims = [
         c["metadata"]["name"]

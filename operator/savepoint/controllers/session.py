@@ -27,13 +27,14 @@ from savepoint.constants import (
     Reason,
 )
 from savepoint.controllers import cache, has_run, heartbeat, logview, object_lock, one_pass, sandbox
+from savepoint.controllers import fork as rollbacks
 from savepoint.controllers.cache import namespace_meta
 from savepoint.controllers.logs import event_log
 from savepoint.controllers.logview import LogView
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog
-from savepoint.fork import RESTORING_ANNOTATION, ForkReason, checkpoint_unusable, find_event
+from savepoint.fork import RESTORING_ANNOTATION, ForkReason, checkpoint_unusable, find_event, target_claim_name
 from savepoint.models import CheckpointPhase, IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
 from savepoint.session import (
@@ -262,8 +263,11 @@ def _reconcile(
     # restore is the longest step, so it starts first). The chunk count is a lower bound
     # of the newest chunk's index; the pass's end widens the Role from the real listing.
     sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
-    if annotations.get(RESTORING_ANNOTATION):
-        hold = (Reason.ROLLING_BACK, f"rolling back ({annotations[RESTORING_ANNOTATION]})")
+    holder = annotations.get(RESTORING_ANNOTATION)
+    if holder and not (claim == target_claim_name(name, holder) and rollbacks.swapped_in(namespace, name, holder)):
+        # A rollback holds the Pod away until it has swapped its restored claim in and
+        # recorded session.rollback; from then on the Pod starts on that claim.
+        hold = (Reason.ROLLING_BACK, f"rolling back ({holder})")
 
     # spec.idle: the operator's own pause, kept in status.idle; `spec` stands for the mode
     # in force from here on (the user's spec, paused while the idle pause holds).
@@ -519,7 +523,6 @@ def reclaim_workspace(body: dict, claim: str, name: str | None = None) -> str | 
 def resume_reclaimed(body: dict, spec: SessionSpec, elog: EventLog, checkpoint: str) -> tuple[str, dict]:
     """A resumed session whose disk was reclaimed: restore it, or rebuild from the log if it expired."""
     from savepoint.checkpoint import SNAPSHOT_GROUP
-    from savepoint.fork import target_claim_name
 
     meta = body["metadata"]
     claim = target_claim_name(meta["name"], checkpoint)

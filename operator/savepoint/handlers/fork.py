@@ -31,6 +31,7 @@ async def fork_event(type: str | None, body: kopf.Body, namespace: str, name: st
     cache.forks.observe(type, dict(body))
     if type == "DELETED":
         forget("fork", namespace, name)
+        forks.forget_rollback(namespace, name)
 
 
 # A filter, so the events of the thousands of sessions no fork waits on cost nothing more.
