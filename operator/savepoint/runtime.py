@@ -448,7 +448,7 @@ class Runtime:
             handed_back = fork.reconcile_fork(
                 namespace, name, self.settings, swapped=lambda session: self.session_passes.file((namespace, session))
             )
-        if handed_back:  # its Pod on the restored claim now, not after the Session's watch event
+        if handed_back:  # its status, and after a restart its Pod, now: not after the Session's watch event
             self.session_passes.file((namespace, handed_back))
 
     def _asked_fork_pass(self, key: Key, _: object) -> None:

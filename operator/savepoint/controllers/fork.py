@@ -124,23 +124,22 @@ def rollbacks_waiting_on(namespace: str, session: str) -> list[str]:
     )
 
 
-# (namespace, fork) of each rollback that placed its hold in this process, and -> the
-# Session of each whose claim swap and session.rollback record are both in, until the
-# Fork is done or gone.
-_held_here: set[tuple[str, str]] = set()
-_swapped: dict[tuple[str, str], str] = {}
+# (namespace, fork) -> how far each rollback has come in this process, until the Fork is
+# done or gone: HELD once it placed its hold, SWAPPED once its claim swap and its
+# session.rollback record are both in.
+HELD, SWAPPED = "held", "swapped"
+_here: dict[tuple[str, str], str] = {}
 
 
-def swapped_in(namespace: str, session: str, fork: str) -> bool:
-    """Whether the rollback `fork`, which holds `session`, has swapped the restored claim
-    in and recorded session.rollback, in this process: the Pod may start on that claim
-    while the hold is released. After a restart it is false until the hand-back."""
-    return _swapped.get((namespace, fork)) == session
+def swapped_in(namespace: str, fork: str) -> bool:
+    """Whether the rollback `fork` has swapped the restored claim in and recorded
+    session.rollback, in this process: the Pod may start on that claim while the hold is
+    released. After a restart it is false until the hand-back."""
+    return _here.get((namespace, fork)) == SWAPPED
 
 
 def forget_rollback(namespace: str, fork: str) -> None:
-    _held_here.discard((namespace, fork))
-    _swapped.pop((namespace, fork), None)
+    _here.pop((namespace, fork), None)
 
 
 def held(namespace: str, session: str) -> bool:
@@ -407,21 +406,25 @@ def _waits_for_claim(namespace: str, session: dict | None, fork: str, claim: str
 def _ready_to_swap(namespace: str, session: dict | None, fork: str, claim: str) -> bool:
     """Whether this process placed the hold (so no pass of it makes the Pod meanwhile), and
     the watches show the old Pod gone and the restored claim Bound, not yet swapped in."""
-    if session is None or (namespace, fork) not in _held_here:
+    if session is None or _here.get((namespace, fork)) != HELD:
         return False
     if (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION) != fork:
         return False
-    if (session.get("status") or {}).get("workspaceClaimName") == claim:
+    if _claim_of(session) == claim:
         return False
     pvc = cache.claims.get(namespace, claim)
     bound = pvc is not None and (pvc.get("status") or {}).get("phase") == "Bound"
     return bound and cache.pod(namespace, pod_name(session["metadata"]["name"])) is None
 
 
+def _claim_of(session: dict) -> str | None:
+    return (session.get("status") or {}).get("workspaceClaimName")
+
+
 def _handed_back(session: dict, fork: str, claim: str) -> bool:
     """Whether this rollback swapped the claim in and released the Session on an earlier pass."""
     held_by = (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION)
-    return held_by != fork and (session.get("status") or {}).get("workspaceClaimName") == claim
+    return held_by != fork and _claim_of(session) == claim
 
 
 def _until_back(body: dict, session: dict, plan: Plan, settings: Settings) -> None:
@@ -482,7 +485,7 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
             # Between two of the Session's passes: none is half-way, making a Pod from a
             # body without the hold, and each later one reads this body or a newer one.
             cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
-            _held_here.add((namespace, meta["name"]))
+            _here[(namespace, meta["name"])] = HELD
         _write(
             body,
             {"phase": ForkPhase.RESTORING.value, "targetSession": name},
@@ -493,7 +496,7 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
 
     # A pass that stopped after the swap (step 4) left the Session on the restored claim,
     # where its Pod may already run (swapped_in): steps 1 and 2 are behind it.
-    if (session.get("status") or {}).get("workspaceClaimName") != claim:
+    if _claim_of(session) != claim:
         # 1. The Pod must be gone: running processes do not survive a rollback.
         if pod is not None:
             k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
@@ -538,7 +541,7 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
     failpoints.hit("rollback.after_swap")
     # With both in, the Session's pass starts the Pod on the restored claim now, while step
     # 5 releases the hold and the old claims (swapped_in).
-    _swapped[(namespace, meta["name"])] = name
+    _here[(namespace, meta["name"])] = SWAPPED
     swapped(name)
     # 5. Release the old claim, and any a pass that died right after the swap left behind
     # (listed while the rollback held the session, when no other claim of it was in use),

@@ -264,7 +264,7 @@ def _reconcile(
     # of the newest chunk's index; the pass's end widens the Role from the real listing.
     sandbox.ensure_sandbox_access(body, newest=(old_status.get("eventLog") or {}).get("chunks") or 1)
     holder = annotations.get(RESTORING_ANNOTATION)
-    if holder and not (claim == target_claim_name(name, holder) and rollbacks.swapped_in(namespace, name, holder)):
+    if holder and not (claim == target_claim_name(name, holder) and rollbacks.swapped_in(namespace, holder)):
         # A rollback holds the Pod away until it has swapped its restored claim in and
         # recorded session.rollback; from then on the Pod starts on that claim.
         hold = (Reason.ROLLING_BACK, f"rolling back ({holder})")
