@@ -121,8 +121,9 @@ class Settings:
     webhook_addr: str = field(default_factory=lambda: _env("WEBHOOK_ADDR", "0.0.0.0"))
     # Folder with the webhook's `tls.crt` and `tls.key` (a `kubernetes.io/tls` Secret, mounted).
     webhook_cert_dir: str = field(default_factory=lambda: _env("WEBHOOK_CERT_DIR", "/etc/savepoint/webhook-tls"))
-    # Interval of the expiry loop, in seconds: each tick expires the checkpoints the watch
-    # says are due (a full listing only at start-up and take-over).
+    # Longest wait of the expiry loop, in seconds: it wakes when the soonest checkpoint the
+    # watch knows falls due, and at least this often (a full listing only at start-up and
+    # take-over).
     expiry_interval_seconds: float = field(default_factory=lambda: _float("EXPIRY_INTERVAL_SECONDS", "5"))
     # Threads that expire checkpoints falling due at once (an expiry storm), each sending
     # its two requests in turn; the API rate limit, not this, should pace a storm.

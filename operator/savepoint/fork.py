@@ -6,6 +6,7 @@ import copy
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -16,6 +17,7 @@ from savepoint.constants import API_VERSION, FORK_ANNOTATION, PARENT_SESSION_LAB
 from savepoint.constants import RESTORING_ANNOTATION as RESTORING_ANNOTATION
 from savepoint.eventlog import Event
 from savepoint.models import SANDBOX_ACCOUNT_PREFIX, CheckpointPhase, ForkMode, ForkSpec, RestoreMode
+from savepoint.timestamps import parse_rfc3339
 
 
 class ForkReason(StrEnum):
@@ -62,13 +64,27 @@ class Plan:
     through_event_id: str | None
 
 
+def effective_phase(status: dict[str, Any], now: datetime | None = None) -> str | None:
+    """A checkpoint's phase as a restore must take it: one past its expiresAt is Expired,
+    whether or not the expiry has written that yet (its snapshot may be on its way out:
+    a storm of thousands falling due together takes a while to write)."""
+    phase = status.get("phase")
+    if phase in (CheckpointPhase.READY, CheckpointPhase.PENDING) and status.get("expiresAt"):
+        try:
+            if parse_rfc3339(status["expiresAt"]) <= (now or datetime.now(UTC)):
+                return CheckpointPhase.EXPIRED.value
+        except ValueError:
+            pass
+    return phase
+
+
 def checkpoint_unusable(name: str, body: dict[str, Any] | None) -> ForkError | None:
     """Why checkpoint `name` cannot be restored from now, one message per reason; None once
     it is Ready. Whether a missing or Pending one is worth waiting for is the caller's call."""
     if body is None:
         return ForkError(ForkReason.CHECKPOINT_NOT_FOUND, f"checkpoint {name} not found")
     status = body.get("status") or {}
-    phase = status.get("phase")
+    phase = effective_phase(status)
     if phase == CheckpointPhase.EXPIRED:
         return ForkError(
             ForkReason.CHECKPOINT_EXPIRED,
@@ -95,7 +111,7 @@ def check_checkpoint(name: str, body: dict[str, Any] | None, patience: Patience 
         if patience.waited < patience.missing_grace:
             raise ForkWait(f"waiting for checkpoint {name} to be created")
         raise refusal
-    phase = (body.get("status") or {}).get("phase")
+    phase = effective_phase(body.get("status") or {})
     if phase not in (CheckpointPhase.EXPIRED, CheckpointPhase.FAILED, CheckpointPhase.REJECTED):
         if patience.waited < patience.timeout:
             raise ForkWait(
@@ -134,7 +150,7 @@ def plan_from_checkpoint(spec: ForkSpec, checkpoint: dict[str, Any]) -> Plan:
 
 
 def newest_live(checkpoints: list[dict[str, Any]]) -> dict[str, Any] | None:
-    ready = [c for c in checkpoints if (c.get("status") or {}).get("phase") == CheckpointPhase.READY]
+    ready = [c for c in checkpoints if effective_phase(c.get("status") or {}) == CheckpointPhase.READY]
     return max(
         ready, key=lambda c: (c["status"].get("throughSequence") or 0, c["status"].get("readyAt") or ""), default=None
     )

@@ -314,7 +314,9 @@ class Runtime:
                     self.poll_pending_checkpoints()
             except Exception:  # the loop outlives any one failure
                 log.exception("checkpoint expiry sweep failed")
-            time.sleep(self.settings.expiry_interval_seconds)
+            # A standby, or a replica not yet swept, waits the interval: its queue is not its to work.
+            interval = self.settings.expiry_interval_seconds
+            time.sleep(expiry.next_wait(self.expiry, self.settings) if listed else interval)
 
     def _take_over(self) -> None:
         """This replica has just become the active one. Its watches kept running while it

@@ -44,7 +44,7 @@ def checkpoint(name: str, phase: str = "Ready", through: int = 2, event_id: str 
             "volumeSnapshotName": f"sp-{name}",
             "throughSequence": through,
             "throughEventId": event_id,
-            "expiresAt": "2026-01-02T00:00:00Z",
+            "expiresAt": "2126-01-02T00:00:00Z",
         },
     }
 
@@ -264,10 +264,10 @@ def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
     assert [(e.data["toSequence"], e.data["fork"]) for e in rollbacks] == [(2, "uid-f")]
 
     # The checkpoint's expiry starts again once the Session is back, with the Fork's success.
-    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] == "2026-01-02T00:00:00Z"
+    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] == "2126-01-02T00:00:00Z"
     reconcile_fork(NS, "f", SETTINGS)
     assert fork_status(api)["phase"] == "Succeeded"
-    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2026-01-02T00:00:00Z"
+    assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2126-01-02T00:00:00Z"
 
 
 def test_the_pod_starts_on_the_restored_claim_once_swapped_and_recorded_not_before(api):

@@ -20,7 +20,7 @@ from savepoint.checkpoint import (
 )
 from savepoint.controllers.session import restore_ms
 from savepoint.eventlog import Cursor
-from savepoint.fork import ForkError, ForkWait, check_checkpoint
+from savepoint.fork import ForkError, ForkWait, check_checkpoint, newest_live
 from savepoint.models import CheckpointSpec
 from savepoint.session import RESTORE_STARTED_MS
 
@@ -72,8 +72,8 @@ def test_a_ready_session_is_admitted():
     assert decide(SessionView(exists=True, phase="Ready", claim="ws", cursor=Cursor(3, "x"))) is None
 
 
-def ckpt(phase: str | None, reason: str | None = None) -> dict:
-    status = {"phase": phase, "reason": reason, "message": "why", "expiresAt": "2026-01-01T00:00:00Z"}
+def ckpt(phase: str | None, reason: str | None = None, expires: str = "2126-01-01T00:00:00Z") -> dict:
+    status = {"phase": phase, "reason": reason, "message": "why", "expiresAt": expires}
     return {"metadata": {"name": "c1"}, "status": {k: v for k, v in status.items() if v is not None}}
 
 
@@ -99,6 +99,18 @@ def test_an_expired_checkpoint_is_checkpoint_expired_at_once():
     with pytest.raises(ForkError) as failed:
         check_checkpoint("c1", ckpt("Expired", "TTLExpired"), patience(0))
     assert failed.value.reason == "CheckpointExpired"
+
+
+@pytest.mark.parametrize("phase", ["Ready", "Pending"])
+def test_a_checkpoint_past_its_expiry_is_expired_before_the_expiry_writes_it(phase):
+    """Between expiresAt and the expiry's status write (a storm takes a while), a fork
+    must not restore from a snapshot that may be on its way out."""
+    past = ckpt(phase, expires="2026-01-01T00:00:00Z")
+    with pytest.raises(ForkError) as failed:
+        check_checkpoint("c1", past, patience(0))
+    assert failed.value.reason == "CheckpointExpired"
+    assert newest_live([past]) is None
+    assert newest_live([past, ckpt("Ready")]) is not None
 
 
 def test_a_missing_checkpoint_waits_only_the_missing_grace():

@@ -92,6 +92,23 @@ def test_expiry_queue_keeps_the_newest_copy_of_each_clocked_checkpoint():
     assert queue.latest(("ns", "r")) is None  # no clock, no copy
 
 
+def test_the_expiry_loop_wakes_when_the_soonest_checkpoint_falls_due():
+    """A checkpoint expires at its expiresAt, not up to an interval later; an ended one is
+    due at expiresAt + grace; one due and still queued (a failed try) waits the interval."""
+    from savepoint.controllers.expiry import next_wait
+
+    settings = Settings(expiry_interval_seconds=5.0, expired_grace=GRACE)
+    queue = ExpiryQueue()
+    assert next_wait(queue, settings, NOW) == 5.0
+    queue.observe("ADDED", checkpoint("later", "Ready", NOW + timedelta(seconds=60)))
+    assert next_wait(queue, settings, NOW) == 5.0
+    queue.observe("ADDED", checkpoint("soon", "Ready", NOW + timedelta(seconds=2)))
+    queue.observe("ADDED", checkpoint("ended", "Expired", NOW - GRACE + timedelta(seconds=1)))
+    assert 1.0 < next_wait(queue, settings, NOW) < 1.1
+    queue.observe("ADDED", checkpoint("failed-before", "Ready", NOW - timedelta(seconds=1)))
+    assert next_wait(queue, settings, NOW) == 5.0
+
+
 def test_a_failed_expiry_goes_back_unless_the_watch_was_faster():
     queue = ExpiryQueue()
     queue.observe("ADDED", checkpoint("c", "Ready", NOW))

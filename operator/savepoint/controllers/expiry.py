@@ -151,6 +151,14 @@ class ExpiryQueue:
         expire.sort(key=lambda k: k)
         return expire, delete
 
+    def next_due(self, grace: timedelta) -> datetime | None:
+        """When the soonest entry falls due (None with none)."""
+        with self._lock:
+            return min(
+                (expires + grace if phase in ENDED else expires for expires, phase in self._entries.values()),
+                default=None,
+            )
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -158,6 +166,17 @@ class ExpiryQueue:
         with self._lock:
             self._entries.clear()
             self._copies.clear()
+
+
+def next_wait(queue: ExpiryQueue, settings: Settings, now: datetime | None = None) -> float:
+    """Seconds the expiry loop sleeps: until the queue's soonest entry falls due, at most
+    the expiry interval, so a checkpoint expires at its expiresAt, not up to an interval
+    later. One due already and still queued (put back after a failure) waits the interval."""
+    interval = settings.expiry_interval_seconds
+    soonest, now = queue.next_due(settings.expired_grace), now or _now()
+    if soonest is None or soonest <= now:
+        return interval
+    return min(interval, (soonest - now).total_seconds() + 0.01)
 
 
 # The runtime's queue. The rollback's refresh of a checkpoint's expiresAt writes through

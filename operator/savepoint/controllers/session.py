@@ -34,7 +34,14 @@ from savepoint.controllers.logview import LogView
 from savepoint.durations import parse_duration
 from savepoint.errors import EventLogError
 from savepoint.eventlog import EventLog
-from savepoint.fork import RESTORING_ANNOTATION, ForkReason, checkpoint_unusable, find_event, target_claim_name
+from savepoint.fork import (
+    RESTORING_ANNOTATION,
+    ForkReason,
+    checkpoint_unusable,
+    effective_phase,
+    find_event,
+    target_claim_name,
+)
 from savepoint.models import CheckpointPhase, IdlePolicy, OperatingMode, SessionPhase, SessionSpec
 from savepoint.polling import DeadlineQueue
 from savepoint.session import (
@@ -528,7 +535,7 @@ def resume_reclaimed(body: dict, spec: SessionSpec, elog: EventLog, checkpoint: 
     claim = target_claim_name(meta["name"], checkpoint)
     ckpt = k8s.get_custom("checkpoints", meta["namespace"], checkpoint)
     cstatus = (ckpt or {}).get("status") or {}
-    if cstatus.get("phase") == CheckpointPhase.READY:
+    if effective_phase(cstatus) == CheckpointPhase.READY:
         source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": cstatus["volumeSnapshotName"]}
         restore = {"mode": "snapshot", "checkpoint": checkpoint, "throughSequence": cstatus.get("throughSequence")}
     else:
