@@ -536,6 +536,7 @@ class EventLog:
         self._lock = threading.RLock()
         self._tail: _Chunk | None = None  # the newest chunk as of our last write to it
         self._hint: int | None = None  # index of the newest chunk we know of
+        self._new = False  # taken to have no chunk yet, unread (start_from)
         self.listed: list[str] = []  # the chunk names the last read() found, oldest first
         # The chunk whose values _check_tail last found valid, and those values by key.
         self._checked_chunk: str | None = None
@@ -603,6 +604,12 @@ class EventLog:
         """The first seq of the newest chunk as last read or written (None: not known)."""
         tail = self._tail
         return tail.first_seq if tail is not None else None
+
+    @property
+    def newest_index(self) -> int | None:
+        """The index of the newest chunk as last read or written (None: not known)."""
+        tail = self._tail
+        return tail.index if tail is not None else None
 
     def append(self, type: str, data: dict[str, Any], subject: str | None = None) -> Event:
         """Append one event and return it with its seq and id."""
@@ -817,8 +824,9 @@ class EventLog:
 
         Idempotent and resumable: events the target already holds are checked (same id)
         and skipped. The target may have gone on to append its own events after a
-        completed copy. Raises HistoryUnavailable when the source prefix is incomplete,
-        EventLogError when the target holds different events.
+        completed copy: the cursor returned is then the target's, past through_seq.
+        Raises HistoryUnavailable when the source prefix is incomplete, EventLogError
+        when the target holds different events.
         """
         if through_seq < 0:
             raise ValueError("through_seq must be >= 0")
@@ -828,7 +836,8 @@ class EventLog:
         source = self.read(1, through_seq)
         done = Cursor(through_seq, source[-1].id)
         for attempt in range(1, self.max_attempts + 1):
-            have = target.cursor().seq
+            now = target.cursor()
+            have = now.seq
             upto = min(have, through_seq)
             if upto:
                 for event in target.read(1, upto, partial=True):
@@ -838,7 +847,7 @@ class EventLog:
                             f"target already holds a different event at seq {event.seq}"
                         )
             if have >= through_seq:
-                return done
+                return done if have == through_seq else now
             rest = source[have:]
             try:
                 target._write([_Draft(e.type, e.data, e.subject, e.time, "", e) for e in rest])
@@ -847,6 +856,29 @@ class EventLog:
                 continue
             return done
         raise EventLogError(f"copying into {target.session!r}: the target kept changing")
+
+    def start_from(self, source: EventLog, through_seq: int, type: str, data: dict[str, Any]) -> list[Event] | None:
+        """Write this log, taken to have no chunk yet, without reading it first: events
+        1..through_seq of `source`, unchanged, then one event of its own (a fork's
+        session.forked). Returns every event written; None when a write did not land,
+        which a first chunk already there makes certain (its create answers 409, so
+        nothing is written over it). The caller then takes the careful way, cursor(),
+        copy_to and append, which checks and finishes whatever part of the copy is in.
+
+        A list of the log would first wait for the API server's cache to catch up with
+        etcd (up to 0.1 s); a new log needs no list.
+        """
+        prefix = source.read(1, through_seq) if through_seq else []
+        drafts = [_Draft(e.type, e.data, e.subject, e.time, "", e) for e in prefix]
+        drafts.append(self._draft(type, data))
+        with self._lock:
+            self._tail, self._hint, self._new = None, None, True
+            try:
+                return self._write(drafts, once=True)
+            except _Stale:
+                return None
+            finally:
+                self._new = False
 
     def delete(self) -> None:
         """Delete every chunk of this log (already gone is fine)."""
@@ -918,7 +950,7 @@ class EventLog:
                 batch: list[Event] = []
                 index = 0
                 try:
-                    tail = self._tail if self._tail is not None else self._load_tail()
+                    tail = self._tail if self._tail is not None or self._new else self._load_tail()
                     if tail is not None:
                         self._check_tail(tail)
                     landed = self._find_landed(unsure, tail)

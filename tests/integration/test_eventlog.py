@@ -274,6 +274,29 @@ def test_malformed_chunk_names_chunk_and_key_and_spares_other_sessions(core, nam
     assert bad.read(2) == bad.read(2, 2)  # the bad key is outside this range
 
 
+def test_start_from_writes_a_new_log_without_reading_it_and_never_over_one_there(core, namespace):
+    src = EventLog(core, namespace, "origin", max_chunk_bytes=SMALL)
+    events = [src.append("note", {"i": i, "pad": "z" * 250}, subject=f"s{i % 3}") for i in range(30)]
+    new = EventLog(core, namespace, "child", max_chunk_bytes=SMALL)
+
+    def listed(*_: object) -> None:
+        raise AssertionError("a new log was listed")
+
+    new._list_meta = listed  # type: ignore[method-assign]
+    new._list_chunks = listed  # type: ignore[method-assign]
+    written = new.start_from(src, 20, "session.forked", {"from": "origin"})
+    assert written is not None and written[:20] == events[:20]
+    assert (written[20].seq, written[20].type) == (21, "session.forked")
+    assert len(chunks(core, namespace, "child")) > 1  # the prefix spans chunks, each made unread
+    assert EventLog(core, namespace, "child").read() == written
+
+    # A log with a chunk already (a restart after the write): nothing is written over it.
+    again = EventLog(core, namespace, "child", max_chunk_bytes=SMALL)
+    assert again.start_from(src, 20, "session.forked", {"from": "origin"}) is None
+    assert again.read() == written
+    assert src.copy_to(again, 20) == again.cursor() == Cursor(21, written[20].id)
+
+
 def test_copy_to_copies_a_prefix_idempotently(core, namespace):
     src = EventLog(core, namespace, "src", max_chunk_bytes=SMALL)
     events = [src.append("note", {"i": i, "pad": "z" * 250}, subject=f"s{i % 3}") for i in range(40)]
@@ -285,7 +308,7 @@ def test_copy_to_copies_a_prefix_idempotently(core, namespace):
     assert dst.read() == events[:25]
     forked = dst.append("session.forked", {"from": "src", "throughSequence": 25})
     assert forked.seq == 26
-    assert src.copy_to(dst, 25) == Cursor(25, events[24].id)  # the target went on: still done
+    assert src.copy_to(dst, 25) == Cursor(26, forked.id)  # the target went on: done, at its own end
 
     # Interrupted midway (a crash after the first write), then resumed.
     part = EventLog(core, namespace, "part", max_chunk_bytes=SMALL)

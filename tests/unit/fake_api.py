@@ -194,7 +194,7 @@ class FakeAPI:
 
     def list(self, kind: str, namespace: str | None, selector: str = "") -> list[dict]:
         with self._lock:
-            self._begin("list", kind, namespace or "", "")
+            self._begin("list", kind, namespace or "", selector)  # a list's "name": its selector
             return [
                 copy.deepcopy(obj)
                 for (k, ns, _), obj in sorted(self.objects.items())

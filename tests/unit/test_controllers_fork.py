@@ -222,6 +222,32 @@ def test_a_server_error_creating_the_target_is_raised_and_a_rerun_converges(api)
     assert fork_status(api)["phase"] == "Restoring" and "t" in api.names("sessions")
 
 
+def test_a_fork_asks_for_its_targets_restored_claim_as_it_makes_the_target(api):
+    """The restore is a fork's longest step: the claim is asked for right after the target
+    Session, before the Session's own first pass (which finds it made)."""
+    world(api, checkpoints=[checkpoint("cp")])
+    api.add("forks", fork({"checkpoint": "cp"}))
+    reconcile_fork(NS, "f", SETTINGS)
+    claim = api.get("persistentvolumeclaims", NS, "t-workspace")
+    assert claim["spec"]["dataSource"] == {
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": "sp-cp",
+    }
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == api.get("sessions", NS, "t")["metadata"]["uid"]
+    order = [(r.verb, r.kind) for r in api.writes()]
+    made = order.index(("create", "sessions"))
+    # Right after the target, before the Fork's Restoring status.
+    assert order[made + 1 : made + 3] == [("create", "persistentvolumeclaims"), ("patch_status", "forks")]
+
+
+def test_a_fork_rebuilt_from_the_log_alone_leaves_its_claim_to_the_session(api):
+    world(api)
+    api.add("forks", fork({"session": "s", "atEvent": "2"}))
+    reconcile_fork(NS, "f", SETTINGS)
+    assert "t" in api.names("sessions") and api.names("persistentvolumeclaims") == []
+
+
 # --- rollback -------------------------------------------------------------------------
 
 
@@ -377,6 +403,32 @@ def test_a_rollback_waiting_for_its_claim_reads_nothing_then_swaps(api, restarte
     reads = {(r.verb, r.kind) for r in api.requests} & {("get", "pods"), ("get", "sessions")}
     assert reads == ({("get", "pods"), ("get", "sessions")} if restarted else set())
     assert api.get("sessions", NS, "s")["status"]["workspaceClaimName"] == claim
+
+
+def test_a_rollback_asks_for_its_claim_beside_its_fresh_reads_when_the_watch_shows_the_session(api):
+    from savepoint.controllers import cache
+
+    claim = rollback_world(api)
+    cache.sessions.observe("ADDED", api.get("sessions", NS, "s"))
+    api.requests.clear()
+    reconcile_fork(NS, "f", SETTINGS)
+    creates = [r for r in api.requests if (r.verb, r.kind) == ("create", "persistentvolumeclaims")]
+    assert [r.name for r in creates] == [claim]  # asked for once, not again after the reads
+    assert api.get("sessions", NS, "s")["metadata"]["annotations"][RESTORING_ANNOTATION] == "f"
+
+
+def test_a_rollback_whose_session_was_made_again_takes_its_early_claim_away(api):
+    """The watch's copy is of an older Session of the same name: the claim asked for beside
+    the fresh reads is that one's, so it is deleted, and nothing is held."""
+    from savepoint.controllers import cache
+
+    claim = rollback_world(api)
+    older = api.get("sessions", NS, "s")
+    cache.sessions.observe("ADDED", {**older, "metadata": {**older["metadata"], "uid": "uid-older"}})
+    reconcile_fork(NS, "f", SETTINGS)
+    assert claim not in api.names("persistentvolumeclaims")
+    assert RESTORING_ANNOTATION not in (api.get("sessions", NS, "s")["metadata"].get("annotations") or {})
+    assert fork_status(api).get("phase") != "Failed"
 
 
 def test_a_rollback_refused_after_a_restart_takes_away_the_claim_an_earlier_pass_made(api):

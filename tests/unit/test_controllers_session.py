@@ -291,3 +291,67 @@ def test_ready_is_written_before_the_pods_boot_time_is_kept_and_both_agree(api):
     assert writes.index(("patch_status", "sessions")) < writes.index(("patch", "pods"))
     kept = api.get("pods", NS, "s")["metadata"]["annotations"][POD_BOOT_MS]
     assert status(api)["phase"] == "Ready" and status(api)["usage"]["bootMs"] == int(kept)
+
+
+# --- a Session restored from a checkpoint (a fork's target) -----------------------------
+
+
+def restore_world(api: FakeAPI) -> None:
+    """Session p with three events, its checkpoint cp through event 2, and Session t made
+    from cp, as a Fork makes its target."""
+    api.add("namespaces", {"metadata": {"name": NS}})
+    api.add("sessions", {**session(), "metadata": {"name": "p", "namespace": NS, "uid": "uid-p", "generation": 1}})
+    for n in range(1, 4):
+        EventLog(api.core(), NS, "p").append("message", {"n": n})
+    api.add(
+        "checkpoints",
+        {
+            "apiVersion": API_VERSION,
+            "kind": "Checkpoint",
+            "metadata": {"name": "cp", "namespace": NS},
+            "spec": {"sessionName": "p"},
+            "status": {
+                "phase": "Ready",
+                "volumeSnapshotName": "sp-cp",
+                "throughSequence": 2,
+                "expiresAt": "2126-01-02T00:00:00Z",
+            },
+        },
+    )
+    target = session()
+    target["metadata"].update(name="t", uid="uid-t")
+    target["spec"]["source"] = {"checkpoint": "cp"}
+    api.add("sessions", target)
+
+
+def test_a_restore_writes_the_new_log_without_listing_it(api, monkeypatch):
+    """A list waits for the API server's cache to catch up (up to 0.1 s): the target's log,
+    which no pass has reported yet, is written unread, and its view folds what was written."""
+    from savepoint import eventlog
+    from savepoint.controllers import cache
+
+    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as the operator starts
+    restore_world(api)
+    reconcile_session(NS, "t", SETTINGS)
+    listed = [r for r in api.requests if (r.verb, r.kind, r.name) == ("list", "configmaps", "savepoint.dev/session=t")]
+    assert listed == []
+    events = EventLog(api.core(), NS, "t").read()
+    assert [(e.seq, e.type) for e in events] == [(1, "message"), (2, "message"), (3, "session.forked")]
+    assert api.get("sessions", NS, "t")["status"]["eventLog"]["chunks"] == 1
+
+
+def test_a_restore_started_again_after_a_restart_forks_the_log_once(api, monkeypatch):
+    from tests.unit.fake_api import forget_process_memory
+
+    restore_world(api)
+    api.fail("patch_status", "sessions", 500)  # the pass stops after the log, before its status
+    with pytest.raises(ApiException):
+        reconcile_session(NS, "t", SETTINGS)
+    forget_process_memory(monkeypatch)
+    reconcile_session(NS, "t", SETTINGS)
+    events = EventLog(api.core(), NS, "t").read()
+    assert [(e.seq, e.type) for e in events] == [(1, "message"), (2, "message"), (3, "session.forked")]
+    api.patch("persistentvolumeclaims", NS, "t-workspace", {"status": {"phase": "Bound"}})
+    reconcile_session(NS, "t", SETTINGS)
+    assert api.get("sessions", NS, "t")["status"]["restore"]["throughSequence"] == 2
+    assert len(EventLog(api.core(), NS, "t").read()) == 3

@@ -47,7 +47,16 @@ from savepoint.fork import (
     target_claim_name,
 )
 from savepoint.models import FINISHED_FORK_PHASES, ForkMode, ForkPhase, ForkSpec, RestoreMode, SessionPhase, SessionSpec
-from savepoint.session import LIVE_PHASES, RESTORE_STARTED_MS, SESSION_LABEL, activity, build_pvc, busy, pod_name
+from savepoint.session import (
+    LIVE_PHASES,
+    RESTORE_STARTED_MS,
+    SESSION_LABEL,
+    activity,
+    build_pvc,
+    busy,
+    claim_name,
+    pod_name,
+)
 from savepoint.timestamps import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
@@ -339,6 +348,7 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
             target = k8s.get_custom("sessions", namespace, target_name)
         else:
             target = created
+            _ask_for_claim(created, plan)
             _write(
                 body,
                 {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
@@ -363,6 +373,18 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
         raise ForkError(reason, f"target session {target_name} failed: {cond.get('message', '')}")
     if phase in LIVE_PHASES:
         _succeed(body, target_name)
+
+
+def _ask_for_claim(session: dict, plan: Plan) -> None:
+    """Ask for the new Session's claim, restored from the plan's snapshot, as soon as the
+    Session is made: the restore is a fork's longest step, and the Session's own first pass
+    (which would make the claim otherwise, and finds this one made) starts only once the
+    new Session's event has come back. The claim is the Session's, as its pass makes it."""
+    if plan.restore != RestoreMode.SNAPSHOT or not plan.snapshot:
+        return
+    data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
+    spec = SessionSpec.model_validate(session["spec"])
+    cache.claims.put(k8s.ensure_pvc(build_pvc(session, spec, claim_name(session["metadata"]["name"]), data_source)))
 
 
 def _succeed(body: dict, target: str) -> None:
@@ -453,13 +475,25 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
         # coming, the old Pod gone and the claim Bound, as the watches show it: none of
         # the Session's passes makes a Pod while it is held, so the copies tell it all.
         session, pod = seen, None
+        made: dict | None = None
     else:
         # Every other step reads the Session and its Pod afresh, together: whether a run
-        # started, the hold, and the Pod that must be gone before the claim is swapped.
-        session, pod = _together(
+        # started, the hold, and the Pod that must be gone before the claim is swapped. A
+        # rollback's first step also asks for the restored claim beside them, when the
+        # watch's copy of the Session shows nothing that refuses it: the restore is the
+        # rollback's longest step. The fresh copy is checked again below.
+        early = seen if seen is not None and _first_step(seen, meta["name"], claim) else None
+        session, pod, made = _together(
             lambda: k8s.get_custom("sessions", namespace, plan.source_session),
             lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
+            lambda: _ensure_rollback_claim(early, claim, plan) if early is not None else None,
         )
+        if made is not None and (session is None or session["metadata"]["uid"] != _owner_uid(made)):
+            # The Session was made again under the same name since the watch showed it:
+            # the claim belongs to the old one, which the garbage collector takes.
+            # The Fork's timer brings the next pass.
+            k8s.delete_pvc(namespace, claim)
+            return None
     if session is None:
         raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
     annotations = session["metadata"].get("annotations") or {}
@@ -475,7 +509,8 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
             # binding is the rollback's longest step, and it goes on while those and the
             # Pod's deletion happen. A refusal takes it away again, on this pass or, after
             # a restart in between, on the next one.
-            _ensure_rollback_claim(session, claim, plan)
+            if made is None:
+                _ensure_rollback_claim(session, claim, plan)
             _check_idle(session)
         except ForkError:
             k8s.delete_pvc(namespace, claim)
@@ -525,18 +560,17 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
         )
 
     # 4. Swap the claim in (the checkpoint's expiry is refreshed once the Session is back).
-    # Beside the append, and beside listing the Session's other claims: the hold keeps the
-    # Pod away until both are in, and each is safe to repeat if the pass stops between.
+    # Beside the append: the hold keeps the Pod away until both are in, and each is safe to
+    # repeat if the pass stops between. The Session's other claims are listed beside them,
+    # and the Pod does not wait for that list (a list waits for the API server's cache to
+    # catch up, up to 0.1 s).
     started = time.monotonic()
     swap = {
         "workspaceClaimName": claim,
         "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
     }
-    _, written, claims = _together(
-        record,
-        lambda: k8s.patch_status("sessions", namespace, name, swap),
-        lambda: k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}"),
-    )
+    listing = _steps.submit(k8s.list_pvcs, namespace, f"{SESSION_LABEL}={name}")
+    _, written = _together(record, lambda: k8s.patch_status("sessions", namespace, name, swap))
     cache.sessions.put(written)
     failpoints.hit("rollback.after_swap")
     # With both in, the Session's pass starts the Pod on the restored claim now, while step
@@ -547,6 +581,7 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
     # (listed while the rollback held the session, when no other claim of it was in use),
     # and hand the session back to its controller.
     released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
+    claims = listing.result()
     old_claims = [
         c["metadata"]["name"]
         for c in claims
@@ -585,6 +620,24 @@ def _may_roll_back(session: dict) -> None:
     holder = (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION)
     if holder:
         raise ForkError(ForkReason.SESSION_BUSY, f"session {name} is being rolled back by {holder}")
+
+
+def _first_step(session: dict, fork: str, claim: str) -> bool:
+    """Whether this copy of the Session shows a rollback about to take its first step: not
+    held by it yet, not handed back, and nothing that refuses it."""
+    if (session["metadata"].get("annotations") or {}).get(RESTORING_ANNOTATION) == fork:
+        return False
+    if _handed_back(session, fork, claim):
+        return False
+    try:
+        _may_roll_back(session)
+    except ForkError:
+        return False
+    return True
+
+
+def _owner_uid(obj: dict) -> str | None:
+    return next((ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []), None)
 
 
 def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:

@@ -66,6 +66,18 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None) -> Log
     return view
 
 
+def remember_written(body: dict, elog: EventLog, events: list[Event]) -> None:
+    """The Session's log is `events`, every one of them just written by `elog` into a log
+    that had no chunk (EventLog.start_from): the pass's view folds from them, reading
+    nothing, where a Session seen the first time would read its whole log."""
+    meta = body["metadata"]
+    newest = elog.newest_index
+    if not events or newest is None:
+        return
+    view = LogView(meta.get("uid", ""), Digest.of(events), newest, newest, (), elog.newest_first_seq or 1)
+    cache.log_views.put(meta["namespace"], meta["name"], view)
+
+
 def _fold(held: LogView, elog: EventLog, namespace: str, name: str, fresh_after: float | None) -> LogView | None:
     through = held.digest.through
     read_at = cache.chunks.read_since(namespace, name)

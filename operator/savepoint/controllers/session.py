@@ -635,20 +635,28 @@ def restore_from_source(body: dict, spec: SessionSpec, elog: EventLog, claim: st
     seen = cache.claims.get(namespace, claim) if cache.in_use() else None
     pvc = seen or k8s.ensure_pvc(build_pvc(body, spec, claim, data_source))
     # Log: the parent's prefix, then session.forked, exactly once.
+    forked = {
+        "parentSession": parent,
+        "checkpoint": source.checkpoint,
+        "throughSequence": through_seq,
+        "mode": "snapshot" if data_source else "event_log_rebuild",
+    }
     try:
-        cursor = elog.cursor()
-        if cursor.seq < through_seq:
-            cursor = parent_log.copy_to(elog, through_seq)
-        if cursor.seq == through_seq:
-            elog.append(
-                "session.forked",
-                {
-                    "parentSession": parent,
-                    "checkpoint": source.checkpoint,
-                    "throughSequence": through_seq,
-                    "mode": "snapshot" if data_source else "event_log_rebuild",
-                },
-            )
+        # No pass has reported this log yet: most likely it has no chunk, and is written
+        # without a read first (a chunk there already makes that write refused, unchanged).
+        written = (
+            None
+            if (body.get("status") or {}).get("eventLog")
+            else elog.start_from(parent_log, through_seq, "session.forked", forked)
+        )
+        if written is not None:
+            logview.remember_written(body, elog, written)  # the pass's view reads nothing
+        else:
+            cursor = elog.cursor()
+            if cursor.seq < through_seq:
+                cursor = parent_log.copy_to(elog, through_seq)
+            if cursor.seq == through_seq:
+                elog.append("session.forked", forked)
     except HistoryUnavailable as err:
         raise RestoreError(ForkReason.SESSION_HISTORY_UNAVAILABLE, str(err)) from None
     restore: dict[str, Any] = {
