@@ -235,10 +235,41 @@ def test_a_fork_asks_for_its_targets_restored_claim_as_it_makes_the_target(api):
         "name": "sp-cp",
     }
     assert claim["metadata"]["ownerReferences"][0]["uid"] == api.get("sessions", NS, "t")["metadata"]["uid"]
-    order = [(r.verb, r.kind) for r in api.writes()]
-    made = order.index(("create", "sessions"))
-    # Right after the target, before the Fork's Restoring status.
-    assert order[made + 1 : made + 3] == [("create", "persistentvolumeclaims"), ("patch_status", "forks")]
+    # Right after the target (the plan's pin goes beside the target's create), before the
+    # Fork's Restoring status.
+    made = [(r.verb, r.kind) for r in api.writes() if r.kind != "forks"]
+    assert made[made.index(("create", "sessions")) + 1] == ("create", "persistentvolumeclaims")
+    last = [r for r in api.writes() if r.kind in ("forks", "persistentvolumeclaims")][-2:]
+    assert [r.kind for r in last] == ["persistentvolumeclaims", "forks"]
+    assert fork_status(api)["phase"] == "Restoring" and fork_status(api)["plan"]["checkpoint"] == "cp"
+
+
+def test_a_plan_from_a_checkpoint_is_pinned_beside_the_targets_create_and_a_lost_pin_sent_again(api):
+    """A Ready checkpoint resolves the same on every pass: its plan's status write goes out
+    beside the target's create instead of before it, and a pass that lost it sends it again."""
+    world(api, checkpoints=[checkpoint("cp")])
+    api.add("forks", fork({"checkpoint": "cp"}))
+    api.fail("patch_status", "forks", 500)
+    with pytest.raises(ApiException):
+        reconcile_fork(NS, "f", SETTINGS)
+    assert "t" in api.names("sessions") and "plan" not in fork_status(api)
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["plan"]["checkpoint"], fork_status(api)["phase"]) == ("cp", "Pending")
+    assert api.get("sessions", NS, "t")["metadata"]["annotations"][FORK_ANNOTATION] == "uid-f"
+    api.patch("sessions", NS, "t", {"status": {"phase": "Ready"}}, status=True)
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["phase"], fork_status(api)["targetSession"]) == ("Succeeded", "t")
+
+
+def test_a_plan_from_the_newest_checkpoint_is_pinned_before_anything_is_made(api):
+    """{session: S} resolves to S's newest Ready checkpoint, which a later pass may find
+    newer: its plan is pinned before the target is made."""
+    world(api, checkpoints=[checkpoint("cp")])
+    api.add("forks", fork({"session": "s"}))
+    api.fail("patch_status", "forks", 500)
+    with pytest.raises(ApiException):
+        reconcile_fork(NS, "f", SETTINGS)
+    assert api.names("sessions") == ["s"]
 
 
 def test_a_fork_rebuilt_from_the_log_alone_leaves_its_claim_to_the_session(api):
@@ -357,6 +388,29 @@ def test_a_rollback_of_a_session_that_is_busy_or_not_ready_fails_untouched(api, 
     assert api.names("persistentvolumeclaims") == ["s-workspace"]
 
 
+def test_a_rollback_checks_the_newest_chunk_afresh_for_a_run_not_the_whole_log(api):
+    """With the digest the Session's passes keep, the run-in-flight check reads the newest
+    chunk by name (a list would wait for the API server's cache): a run started since the
+    digest was made still refuses the rollback."""
+    from savepoint.controllers import logview
+
+    rollback_world(api)
+    logview.observe(api.get("sessions", NS, "s"), log(api))  # as a Session pass keeps it
+    log(api).append("run.started", {"runId": "r"})
+    api.requests.clear()
+    reconcile_fork(NS, "f", SETTINGS)
+    assert (fork_status(api)["phase"], fork_status(api)["reason"]) == ("Failed", "SessionBusy")
+    assert [r for r in api.requests if (r.verb, r.kind) == ("list", "configmaps")] == []
+    assert ("get", "configmaps") in [(r.verb, r.kind) for r in api.requests]
+
+
+def test_a_rollback_deletes_the_old_pod_beside_its_restoring_status(api):
+    claim = rollback_world(api)
+    reconcile_fork(NS, "f", SETTINGS)
+    assert api.names("pods") == [] and fork_status(api)["phase"] == "Restoring"
+    assert claim in api.names("persistentvolumeclaims")
+
+
 def test_a_rollback_asks_for_its_claim_before_it_checks_the_log_and_holds_the_session(api):
     """The claim's binding is the rollback's longest step: it starts before the rest."""
     claim = rollback_world(api)
@@ -414,6 +468,7 @@ def test_a_rollback_asks_for_its_claim_beside_its_fresh_reads_when_the_watch_sho
     reconcile_fork(NS, "f", SETTINGS)
     creates = [r for r in api.requests if (r.verb, r.kind) == ("create", "persistentvolumeclaims")]
     assert [r.name for r in creates] == [claim]  # asked for once, not again after the reads
+    assert fork_status(api)["plan"]["checkpoint"] == "cp"  # pinned beside them
     assert api.get("sessions", NS, "s")["metadata"]["annotations"][RESTORING_ANNOTATION] == "f"
 
 

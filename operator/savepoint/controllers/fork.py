@@ -28,7 +28,7 @@ from savepoint.checkpoint import (
 from savepoint.conditions import set_condition
 from savepoint.config import Settings
 from savepoint.constants import THROUGH_SEQUENCE_ANNOTATION
-from savepoint.controllers import cache, expiry, object_lock, write_status
+from savepoint.controllers import cache, expiry, logview, object_lock, write_status
 from savepoint.controllers.logs import event_log
 from savepoint.errors import EventLogError, HistoryUnavailable
 from savepoint.fork import (
@@ -51,7 +51,6 @@ from savepoint.session import (
     LIVE_PHASES,
     RESTORE_STARTED_MS,
     SESSION_LABEL,
-    activity,
     build_pvc,
     busy,
     claim_name,
@@ -188,10 +187,10 @@ def _reconcile(namespace: str, name: str, settings: Settings, swapped: Callable[
         return None
     spec = ForkSpec.model_validate(body["spec"])
     try:
-        plan = resolve(namespace, spec, body, settings)
+        plan, pin = resolve(namespace, spec, body, settings)
         if spec.mode == ForkMode.ROLLBACK:
-            return _rollback(body, spec, plan, settings, swapped)
-        _fork(body, spec, plan)
+            return _rollback(body, spec, plan, settings, swapped, pin)
+        _fork(body, spec, plan, pin)
     except ForkWait as wait:
         _write_waiting(body, str(wait))
     except ForkError as err:
@@ -237,13 +236,23 @@ def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | 
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
 
 
-def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> Plan:
+# The status write that pins a resolved plan, when the pass has yet to send it.
+Pin = Callable[[], None] | None
+
+
+def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> tuple[Plan, Pin]:
     """Turn the Fork's source into a Plan; raise ForkWait while its checkpoint can still
-    become Ready, or the ForkError that explains why not."""
+    become Ready, or the ForkError that explains why not.
+
+    A plan is pinned in the Fork's status, so a later pass (after a restart too) does not
+    resolve it again against a moving log. A plan from a named checkpoint resolves the same
+    on every pass (a Ready checkpoint's snapshot and cursor never change): its pin is
+    returned, to be sent beside the first step's own requests. Any other is pinned here,
+    before anything is made from it."""
     pinned = (body.get("status") or {}).get("plan")
     if pinned:  # resolved on an earlier pass: do not re-resolve against a moving log
         # A merge patch drops null fields, so read each one with its default.
-        return Plan(
+        plan = Plan(
             mode=ForkMode(pinned["mode"]),
             restore=RestoreMode(pinned["restore"]),
             source_session=pinned["source_session"],
@@ -252,6 +261,7 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> P
             through_sequence=int(pinned.get("through_sequence") or 0),
             through_event_id=pinned.get("through_event_id"),
         )
+        return plan, None
     source = spec.source
     if source.checkpoint:
         ckpt = check_checkpoint(
@@ -281,19 +291,23 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> P
         # A fork copies the prefix into its new log; a rollback keeps the session's own log,
         # so a prefix that retention deleted does not stop it restoring the snapshot.
         _read_prefix(namespace, session, plan.through_sequence, plan.checkpoint)
-    pinned = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.__dict__.items()}
-    _write(
-        body,
-        {
-            "phase": ForkPhase.PENDING.value,
-            "reason": None,
-            "message": None,
-            "plan": pinned,
-            "restoreMode": plan.restore.value,
-            "startedAt": rfc3339(_now()),
-        },
-    )
-    return plan
+    fields = {k: (v.value if hasattr(v, "value") else v) for k, v in plan.__dict__.items()}
+    pending = {
+        "phase": ForkPhase.PENDING.value,
+        "reason": None,
+        "message": None,
+        "plan": fields,
+        "restoreMode": plan.restore.value,
+        "startedAt": rfc3339(_now()),
+    }
+
+    def pin() -> None:
+        _write(body, pending)
+
+    if source.checkpoint:
+        return plan, pin
+    pin()
+    return plan, None
 
 
 def _plan_at_event(spec: ForkSpec, session: dict, at_event: str) -> Plan:
@@ -315,7 +329,7 @@ def _plan_at_event(spec: ForkSpec, session: dict, at_event: str) -> Plan:
 # --- fork -------------------------------------------------------------------------------
 
 
-def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
+def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
     meta = body["metadata"]
     namespace = meta["namespace"]
     target_name = spec.target.session_name if spec.target else None
@@ -339,7 +353,8 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
             message = f"target.overrides make an invalid Session: {problems}"
             raise ForkError(ForkReason.INVALID_TARGET, message) from None
         try:
-            created = k8s.create_custom("sessions", namespace, new)
+            # A pin still to send goes beside the create; the Restoring status follows both.
+            created, _ = _together(lambda: k8s.create_custom("sessions", namespace, new), pin or (lambda: None))
         except k8s.Refused as err:
             raise ForkError(
                 ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {err.message}"
@@ -358,6 +373,8 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan) -> None:
                     f"through event {plan.through_sequence} ({plan.restore.value})",
                 ),
             )
+    elif pin is not None:
+        pin()  # a pass that made the target and stopped before its pin
     if target is None:
         return
     if (target["metadata"].get("annotations") or {}).get(FORK_ANNOTATION) != meta["uid"]:
@@ -460,11 +477,16 @@ def _until_back(body: dict, session: dict, plan: Plan, settings: Settings) -> No
         forget_rollback(body["metadata"]["namespace"], body["metadata"]["name"])
 
 
-def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swapped: Callable[[str], None]) -> str | None:
+def _rollback(
+    body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swapped: Callable[[str], None], pin: Pin = None
+) -> str | None:
     meta = body["metadata"]
     namespace = meta["namespace"]
     claim = target_claim_name(plan.source_session, meta["name"])
     seen = cache.sessions.get(namespace, plan.source_session)
+    if pin is not None and (seen is None or not _first_step(seen, meta["name"], claim)):
+        pin()  # no first step's requests to send it beside
+        pin = None
     if _waits_for_claim(namespace, seen, meta["name"], claim):
         return None
     if seen is not None and _handed_back(seen, meta["name"], claim):
@@ -483,11 +505,13 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
         # watch's copy of the Session shows nothing that refuses it: the restore is the
         # rollback's longest step. The fresh copy is checked again below.
         early = seen if seen is not None and _first_step(seen, meta["name"], claim) else None
-        session, pod, made = _together(
+        session, pod, made, _ = _together(
             lambda: k8s.get_custom("sessions", namespace, plan.source_session),
             lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
             lambda: _ensure_rollback_claim(early, claim, plan) if early is not None else None,
+            pin or (lambda: None),
         )
+        pin = None
         if made is not None and (session is None or session["metadata"]["uid"] != _owner_uid(made)):
             # The Session was made again under the same name since the watch showed it:
             # the claim belongs to the old one, which the garbage collector takes.
@@ -521,11 +545,17 @@ def _rollback(body: dict, spec: ForkSpec, plan: Plan, settings: Settings, swappe
             # body without the hold, and each later one reads this body or a newer one.
             cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
             _here[(namespace, meta["name"])] = HELD
-        _write(
-            body,
-            {"phase": ForkPhase.RESTORING.value, "targetSession": name},
-            event=("Restoring", f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"),
-        )
+
+        def restoring() -> None:
+            message = f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"
+            _write(body, {"phase": ForkPhase.RESTORING.value, "targetSession": name}, event=("Restoring", message))
+
+        if pod is not None and _claim_of(session) != claim:
+            # Step 1 below, beside the status: the old sandbox's stop is what a new Pod of
+            # the same name waits for.
+            _together(restoring, lambda: k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"]))
+            return None
+        restoring()
         # On at once: a Session pass that started before the hold may still make the Pod
         # again, and step 1 deletes it again on the next pass.
 
@@ -647,12 +677,14 @@ def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:
 
 
 def _check_idle(session: dict) -> None:
-    """The log, not the (possibly lagging) status, decides whether a run is in flight."""
+    """The log, not the (possibly lagging) status, decides whether a run is in flight: the
+    digest the Session's passes keep, with the newest chunk read afresh (one GET; the whole
+    log is read only when no digest is kept, as after a start)."""
     try:
-        events = event_log(session).read(partial=True)
+        view = logview.observe(session, event_log(session), fresh_after=time.monotonic())
     except EventLogError:
         return
-    running = busy(session["metadata"]["name"], activity(events))
+    running = busy(session["metadata"]["name"], view.digest.activity())
     if running:
         raise ForkError(ForkReason.SESSION_BUSY, running)
 
