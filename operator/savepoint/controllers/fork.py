@@ -363,7 +363,10 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
             target = k8s.get_custom("sessions", namespace, target_name)
         else:
             target = created
-            _ask_for_claim(created, plan)
+            if plan.restore == RestoreMode.SNAPSHOT and plan.snapshot:
+                # The restore is a fork's longest step: it starts now, not once the new
+                # Session's event brings its first pass (which finds the claim made).
+                cache.claims.put(_ensure_restored_claim(created, claim_name(target_name), plan))
             _write(
                 body,
                 {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
@@ -390,18 +393,6 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
         raise ForkError(reason, f"target session {target_name} failed: {cond.get('message', '')}")
     if phase in LIVE_PHASES:
         _succeed(body, target_name)
-
-
-def _ask_for_claim(session: dict, plan: Plan) -> None:
-    """Ask for the new Session's claim, restored from the plan's snapshot, as soon as the
-    Session is made: the restore is a fork's longest step, and the Session's own first pass
-    (which would make the claim otherwise, and finds this one made) starts only once the
-    new Session's event has come back. The claim is the Session's, as its pass makes it."""
-    if plan.restore != RestoreMode.SNAPSHOT or not plan.snapshot:
-        return
-    data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
-    spec = SessionSpec.model_validate(session["spec"])
-    cache.claims.put(k8s.ensure_pvc(build_pvc(session, spec, claim_name(session["metadata"]["name"]), data_source)))
 
 
 def _succeed(body: dict, target: str) -> None:
@@ -508,7 +499,7 @@ def _rollback(
         session, pod, made, _ = _together(
             lambda: k8s.get_custom("sessions", namespace, plan.source_session),
             lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
-            lambda: _ensure_rollback_claim(early, claim, plan) if early is not None else None,
+            lambda: _ensure_restored_claim(early, claim, plan) if early is not None else None,
             pin or (lambda: None),
         )
         pin = None
@@ -534,7 +525,7 @@ def _rollback(
             # Pod's deletion happen. A refusal takes it away again, on this pass or, after
             # a restart in between, on the next one.
             if made is None:
-                _ensure_rollback_claim(session, claim, plan)
+                _ensure_restored_claim(session, claim, plan)
             _check_idle(session)
         except ForkError:
             k8s.delete_pvc(namespace, claim)
@@ -567,7 +558,7 @@ def _rollback(
             k8s.delete_pod(namespace, pod_name(name), uid=pod["metadata"]["uid"])
             return None
         # 2. A new claim restored from the snapshot (made on the first pass; a restart may have missed it).
-        pvc = cache.claim(namespace, claim) or _ensure_rollback_claim(session, claim, plan)
+        pvc = cache.claim(namespace, claim) or _ensure_restored_claim(session, claim, plan)
         failpoints.hit("rollback.after_claim_created")
         if (pvc.get("status") or {}).get("phase") != "Bound":
             return None
@@ -670,7 +661,8 @@ def _owner_uid(obj: dict) -> str | None:
     return next((ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []), None)
 
 
-def _ensure_rollback_claim(session: dict, claim: str, plan: Plan) -> dict:
+def _ensure_restored_claim(session: dict, claim: str, plan: Plan) -> dict:
+    """The Session's claim `claim`, restored from the plan's snapshot (made, or read when there)."""
     source_spec = SessionSpec.model_validate(session.get("spec") or {})
     data_source = {"apiGroup": SNAPSHOT_GROUP, "kind": "VolumeSnapshot", "name": plan.snapshot}
     return k8s.ensure_pvc(build_pvc(session, source_spec, claim, data_source))
