@@ -535,3 +535,55 @@ def test_the_snapshot_controllers_own_lost_update_race_is_not_a_failure(api):
     api.patch("volumesnapshots", NS, "sp-cp", {"status": {"error": None, "readyToUse": True, "restoreSize": "1Gi"}})
     reconcile_checkpoint(NS, "cp", SETTINGS)
     assert status(api)["phase"] == "Ready"
+
+
+HOOKS = {"checkpointPolicy": {"hooks": {"preCheckpoint": {"exec": {"command": ["true"]}}}}}
+
+
+def _session_reads(api) -> int:
+    return sum(1 for r in api.requests if (r.verb, r.kind) == ("get", "sessions"))
+
+
+def test_a_checkpoint_made_after_hooks_were_added_runs_them_though_the_watch_lags(api):
+    """Hooks added to the Session, then a checkpoint asked for at once: the watch's copy of
+    the Session may not show the hooks yet, and admission must not take them from it."""
+    import time
+
+    world(api, session("Ready"), ["message"])
+    cache.sessions.put(api.get("sessions", NS, "s"))  # the watch's copy: no hooks
+    api.patch("sessions", NS, "s", {"spec": {"harness": {"name": "agent"}, **HOOKS}})
+    made = api.create("checkpoints", NS, checkpoint())  # after the hooks, so a higher resourceVersion
+    reconcile_checkpoint(NS, "cp", Settings(hooks=True), seen=made, seen_at=time.monotonic())
+    # It has no sandbox Pod to run the hook in, so the hook is skipped, and says so.
+    assert status(api)["hooks"] == {"preCheckpoint": {"phase": "Skipped"}}
+    assert "PreCheckpointHook" in [c["type"] for c in status(api)["conditions"]]
+
+
+def test_the_watchs_copy_of_the_session_serves_when_it_is_newer_than_the_checkpoint(api):
+    import time
+
+    world(api, session("Ready"), ["message"])
+    made = api.create("checkpoints", NS, checkpoint())
+    api.patch("sessions", NS, "s", {"metadata": {"labels": {"touched": "yes"}}})
+    cache.sessions.put(api.get("sessions", NS, "s"))  # written after the Checkpoint was made
+    reconcile_checkpoint(NS, "cp", SETTINGS, seen=made, seen_at=time.monotonic())
+    assert _session_reads(api) == 0
+    assert api.names("volumesnapshots") == ["sp-cp"]
+
+
+def test_one_session_read_serves_every_checkpoint_that_arrived_before_it(api):
+    """A burst's checkpoints of one Session share a read that started after they arrived;
+    one that arrived after that read started reads the Session again."""
+    import time
+
+    world(api, session("Ready"), ["message"])
+    cache.sessions.put(api.get("sessions", NS, "s"))
+    first, second = (api.create("checkpoints", NS, checkpoint(name)) for name in ("cp1", "cp2"))
+    arrived = time.monotonic()
+    reconcile_checkpoint(NS, "cp1", SETTINGS, seen=first, seen_at=arrived)
+    reconcile_checkpoint(NS, "cp2", SETTINGS, seen=second, seen_at=arrived)
+    assert _session_reads(api) == 1
+    third = api.create("checkpoints", NS, checkpoint("cp3"))
+    reconcile_checkpoint(NS, "cp3", SETTINGS, seen=third, seen_at=time.monotonic())
+    assert _session_reads(api) == 2
+    assert api.names("volumesnapshots") == ["sp-cp1", "sp-cp2", "sp-cp3"]

@@ -302,6 +302,42 @@ def session(namespace: str, name: str) -> dict | None:
     return sessions.get(namespace, name) or k8s.get_custom("sessions", namespace, name)
 
 
+# Session -> monotonic time our newest GET of it started, for checkpoint admission.
+_session_reads: dict[Key, float] = {}
+_session_reads_lock = threading.Lock()
+
+
+def session_as_of(namespace: str, name: str, seen_at: float | None, made_version: int = 0) -> dict | None:
+    """The Session as it was at least when a Checkpoint was made: its spec (hooks, snapshot
+    class) as it stood then applies to that checkpoint. `seen_at` is when the watch
+    delivered the Checkpoint (monotonic; None reads it now) and `made_version` its
+    resourceVersion.
+
+    The watch's copy serves when it is newer than the Checkpoint; otherwise it may lag a
+    change made just before it (hooks added, then a checkpoint asked for), so the Session
+    is read. A GET is a quorum read: one started after the Checkpoint arrived serves every
+    Checkpoint of that Session which arrived before it started, as a burst's do.
+    """
+    key = (namespace, name)
+    held = sessions.get(namespace, name)
+    if held is not None and made_version and version(held) >= made_version:
+        return held
+    with _session_reads_lock:
+        read_at = _session_reads.get(key)
+    if held is not None and seen_at is not None and read_at is not None and read_at >= seen_at:
+        return held
+    started = time.monotonic()
+    body = k8s.get_custom("sessions", namespace, name)
+    if body is None:
+        return None
+    sessions.put(body)
+    with _session_reads_lock:
+        _session_reads[key] = max(started, _session_reads.get(key, started))
+        while len(_session_reads) > STORE_LIMIT:
+            del _session_reads[next(iter(_session_reads))]
+    return newest(body, sessions.get(namespace, name))
+
+
 def checkpoint(namespace: str, name: str) -> dict | None:
     return checkpoints.get(namespace, name) or k8s.get_custom("checkpoints", namespace, name)
 
@@ -372,3 +408,4 @@ def clear() -> None:
         store.clear()
     _namespaces.clear()
     _policies.clear()
+    _session_reads.clear()

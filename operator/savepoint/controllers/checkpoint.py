@@ -252,14 +252,21 @@ def _policy(namespace: str, seen_at: float | None, settings: Settings):
 
 
 def observe_admission(
-    namespace: str, spec: CheckpointSpec, own_name: str, settings: Settings, seen_at: float | None = None
+    namespace: str,
+    spec: CheckpointSpec,
+    own_name: str,
+    settings: Settings,
+    seen_at: float | None = None,
+    made_version: int = 0,
 ):
     """Everything admit() needs, read from the cluster; shared with the webhook. `seen_at`
-    is when the watch delivered the Checkpoint (monotonic), None for now."""
-    # A policy annotated a moment before the checkpoint was made applies to it: read on
-    # another thread while this one reads the log, so the two reads take one round trip.
+    is when the watch delivered the Checkpoint (monotonic), None for now, and `made_version`
+    the Checkpoint's resourceVersion (0 for one not made yet)."""
+    # A policy annotated a moment before the checkpoint was made applies to it, and so do
+    # the Session's hooks: the policy is read on another thread while this one reads the
+    # Session and its log.
     reading = _policy_reads.submit(_policy, namespace, seen_at, settings)
-    session = cache.session(namespace, spec.session_name)
+    session = cache.session_as_of(namespace, spec.session_name, seen_at, made_version)
     view = SessionView(exists=False)
     snapshot_class = None
     if session is not None:
@@ -328,7 +335,7 @@ def _admit(body: dict, settings: Settings, seen_at: float | None) -> None:
     spec = CheckpointSpec.model_validate(body["spec"])
     try:
         policy, session, view, quota, snapshot_class = observe_admission(
-            meta["namespace"], spec, meta["name"], settings, seen_at
+            meta["namespace"], spec, meta["name"], settings, seen_at, cache.version(body)
         )
         rejection = admit(
             meta["name"],
