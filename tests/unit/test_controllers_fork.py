@@ -193,6 +193,17 @@ def test_the_plan_is_pinned_and_the_fork_succeeds_when_its_target_is_ready(api):
     assert api.writes()[-1].verb == "patch_status" and fork_status(api)["phase"] == "Succeeded"
 
 
+def test_a_fork_made_just_after_its_source_changed_copies_the_change_though_the_watch_lags(api):
+    from savepoint.controllers import cache
+
+    world(api)
+    cache.sessions.put(api.get("sessions", NS, "s"))  # the watch's copy: revision r1
+    api.patch("sessions", NS, "s", {"spec": {"harness": {"revision": "r2"}}})
+    api.create("forks", NS, fork({"session": "s"}))
+    reconcile_fork(NS, "f", SETTINGS)
+    assert api.get("sessions", NS, "t")["spec"]["harness"]["revision"] == "r2"
+
+
 def test_a_target_of_that_name_made_by_someone_else_fails_the_fork(api):
     world(api)
     api.add("sessions", session("t"))

@@ -339,7 +339,9 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
     made = (body.get("status") or {}).get("targetSession") is not None
     target = cache.session(namespace, target_name) if made else cache.sessions.get(namespace, target_name)
     if target is None:
-        source_session = cache.session(namespace, plan.source_session)
+        # The source as it stood when the Fork was made: a change applied with the Fork,
+        # or just before it, goes into the target (the watch's copy may lag it).
+        source_session = cache.session_as_of(namespace, plan.source_session, None, cache.version(body))
         if source_session is None:
             raise ForkError(ForkReason.SESSION_NOT_FOUND, f"session {plan.source_session} not found")
         new = build_target_session(body, source_session, plan, spec.source.at_event)
