@@ -587,3 +587,38 @@ def test_one_session_read_serves_every_checkpoint_that_arrived_before_it(api):
     reconcile_checkpoint(NS, "cp3", SETTINGS, seen=third, seen_at=time.monotonic())
     assert _session_reads(api) == 2
     assert api.names("volumesnapshots") == ["sp-cp1", "sp-cp2", "sp-cp3"]
+
+
+def _chunk_reads(api) -> int:
+    return sum(1 for r in api.requests if (r.verb, r.kind) in (("get", "configmaps"), ("list", "configmaps")))
+
+
+def test_admission_reads_the_newest_chunk_unless_the_watchs_copy_was_written_after_the_checkpoint(api):
+    """A copy of the newest chunk written after the Checkpoint was made holds every event
+    appended before it: admission cuts and checks the log from it, reading nothing. A copy
+    older than the Checkpoint, or a sealed one (a newer chunk may follow it), is read again."""
+    import time
+
+    world(api, session("Ready"), ["message"])
+    for name in ("cp1", "cp2"):
+        api.create("checkpoints", NS, checkpoint(name))
+    EventLog(api.core(), NS, "s").append("message", {"n": 2})  # after both Checkpoints were made
+    reconcile_checkpoint(NS, "cp1", SETTINGS, seen=api.get("checkpoints", NS, "cp1"), seen_at=time.monotonic())
+    cache.chunks.observe("MODIFIED", api.get("configmaps", NS, "s-log-000001"))
+    api.requests.clear()
+    reconcile_checkpoint(NS, "cp2", SETTINGS, seen=api.get("checkpoints", NS, "cp2"), seen_at=time.monotonic())
+    assert _chunk_reads(api) == 0
+    # The log's end: the message appended after the Checkpoint was made is in the cut.
+    assert cut_of(api.get("volumesnapshots", NS, "sp-cp2"))["throughSequence"] == 2
+
+    made = api.create("checkpoints", NS, checkpoint("cp3"))  # newer than the watch's copy of the chunk
+    api.requests.clear()
+    reconcile_checkpoint(NS, "cp3", SETTINGS, seen=made, seen_at=time.monotonic())
+    assert _chunk_reads(api) == 1
+
+    made = api.create("checkpoints", NS, checkpoint("cp4"))
+    sealed = {"metadata": {"annotations": {"savepoint.dev/sealed": "true"}}}
+    cache.chunks.observe("MODIFIED", api.patch("configmaps", NS, "s-log-000001", sealed))  # newer, but sealed
+    api.requests.clear()
+    reconcile_checkpoint(NS, "cp4", SETTINGS, seen=made, seen_at=time.monotonic())
+    assert _chunk_reads(api) >= 1

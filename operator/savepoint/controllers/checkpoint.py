@@ -276,7 +276,7 @@ def observe_admission(
         if phase in LIVE_PHASES:
             try:
                 fresh_after = seen_at if seen_at is not None else time.monotonic()
-                digest = logview.observe(session, event_log(session), fresh_after).digest
+                digest = logview.observe(session, event_log(session), fresh_after, made_version).digest
                 # The cut is the log as checked: no second read for the cursor.
                 view_cursor = Cursor(*digest.cursor)
                 phase = digest.activity()

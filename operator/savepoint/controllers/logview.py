@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 
 from savepoint.controllers import cache
-from savepoint.eventlog import Event, EventLog
+from savepoint.eventlog import SEALED_ANNOTATION, Event, EventLog
 from savepoint.logdigest import Digest
 from savepoint.sandbox import chunk_index
 
@@ -37,7 +37,7 @@ class LogView:
         return elog.read(from_seq=seq + 1, partial=True)
 
 
-def observe(body: dict, elog: EventLog, fresh_after: float | None = None) -> LogView:
+def observe(body: dict, elog: EventLog, fresh_after: float | None = None, fresh_version: int = 0) -> LogView:
     """The Session's log (EventLogError when it cannot be read); the newest chunk it used
     is seeded into `elog`, so an append that follows writes without a read.
 
@@ -47,12 +47,17 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None) -> Log
     open run, and must see every event appended before the Checkpoint was made. One read
     serves all the checkpoints of the session that arrived before it started, and so does
     one of our own writes of the chunk (cache.Chunks.written): a checkpoint.created sent
-    after a checkpoint arrived spares that checkpoint's admission its read.
+    after a checkpoint arrived spares that checkpoint's admission its read. So does a copy
+    of the newest chunk, unsealed, whose resourceVersion is at least `fresh_version` (the
+    Checkpoint's): it was written after the Checkpoint was made, and no newer chunk can
+    exist before this one is sealed.
     """
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
     changed = cache.chunks.take_changed(namespace, name)
     held: LogView | None = cache.log_views.get(namespace, name) if cache.in_use() and not changed else None
+    if fresh_after is not None and fresh_version and _newer_than(cache.chunks.newest(namespace, name), fresh_version):
+        fresh_after = None
     view = _fold(held, elog, namespace, name, fresh_after) if held is not None and held.uid == uid else None
     if view is None:
         events = elog.read(partial=True)
@@ -64,6 +69,13 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None) -> Log
     if latest is None or latest.uid != uid or latest.digest.through <= view.digest.through:
         cache.log_views.put(namespace, name, dataclasses.replace(view, tail=()))  # the digest alone: small
     return view
+
+
+def _newer_than(chunk: dict | None, version: int) -> bool:
+    """Whether this copy of the newest chunk is unsealed and written at or after `version`."""
+    if chunk is None or cache.version(chunk) < version:
+        return False
+    return (chunk["metadata"].get("annotations") or {}).get(SEALED_ANNOTATION) != "true"
 
 
 def remember_written(body: dict, elog: EventLog, events: list[Event]) -> None:
