@@ -308,14 +308,14 @@ _session_reads_lock = threading.Lock()
 
 
 def session_as_of(namespace: str, name: str, seen_at: float | None, made_version: int = 0) -> dict | None:
-    """The Session as it was at least when a Checkpoint was made: its spec (hooks, snapshot
-    class) as it stood then applies to that checkpoint. `seen_at` is when the watch
-    delivered the Checkpoint (monotonic; None reads it now) and `made_version` its
-    resourceVersion.
+    """The Session as it was at least when a Checkpoint (or a Fork) was made: its spec as
+    it stood then applies to that checkpoint (hooks, snapshot class) or fork (the target's
+    spec). `seen_at` is when the watch delivered that object (monotonic; None reads the
+    Session now) and `made_version` the object's resourceVersion.
 
-    The watch's copy serves when it is newer than the Checkpoint; otherwise it may lag a
+    The watch's copy serves when it is newer than the object; otherwise it may lag a
     change made just before it (hooks added, then a checkpoint asked for), so the Session
-    is read. A GET is a quorum read: one started after the Checkpoint arrived serves every
+    is read. A GET is a quorum read: one started after a Checkpoint arrived serves every
     Checkpoint of that Session which arrived before it started, as a burst's do.
     """
     key = (namespace, name)
