@@ -349,12 +349,18 @@ class Runtime:
         session = (body["metadata"].get("labels") or {}).get(SESSION_LABEL, "")
         if not sessions.child_changed(plural, event_type, body):
             return
-        if plural == "configmaps" and fork.held(namespace, session):
+        held = fork.held(namespace, session)
+        if plural == "configmaps" and held:
             # The rollback's own session.rollback append: a pass now would wait for the
             # hand-back's pass, which starts the Pod, and follows the log in the same pass.
             return
         own = plural == "configmaps" and event_type == "MODIFIED" and eventlog.newest_type(body) == CHECKPOINT_CREATED
-        if not own or self.own_appends.ask((namespace, session)):
+        # A held Session's claims are the rollback's: its restored claim made and bound,
+        # which move the rollback (below), whose swap then asks for the pass that starts
+        # the Pod. A pass on each of them only took the Session's turn from that one.
+        if not (held and plural == "persistentvolumeclaims") and (
+            not own or self.own_appends.ask((namespace, session))
+        ):
             self.session_passes.file((namespace, session))
         if plural != "configmaps":  # a rollback's steps wait on its Session's Pod going and its claim binding
             for name in fork.rollbacks_waiting_on(namespace, session):

@@ -110,6 +110,23 @@ def test_fork_from_checkpoint_has_its_own_disk_and_log(checkpointed, core, crds,
     assert "fork speaks" not in [e.data.get("text") for e in checkpointed["log"].read()]
 
 
+def test_kopf_writes_nothing_on_a_fork(checkpointed, core, crds, namespace):
+    """A Fork has no kopf change handler: its passes start from its watch events, and kopf
+    writes none of its progress or last-handled-configuration annotations on it (each
+    was a patch of the Fork while its claim was restoring)."""
+    make_fork(crds, namespace, "f1", {"checkpoint": "c1"}, target="s2")
+    fork = wait_fork(crds, namespace, "f1")
+    assert fork["status"]["phase"] == "Succeeded", fork["status"]
+    wait_phase(crds, namespace, "s2", "Ready")
+    assert not [k for k in fork["metadata"].get("annotations") or {} if k.startswith("savepoint.dev/")]
+    assert {m["manager"] for m in fork["metadata"]["managedFields"]} & {"kopf"} == set()
+
+    def reasons() -> set[str]:
+        return {e.reason for e in core.list_namespaced_event(namespace, field_selector="involvedObject.name=f1").items}
+
+    wait_for(lambda: {"Restoring", "Succeeded"} <= reasons(), what="the fork's Restoring and Succeeded Events")
+
+
 def test_fork_at_event_rebuilds_from_the_log(checkpointed, core, crds, namespace):
     first = checkpointed["log"].read(1, 1)[0]
     make_fork(crds, namespace, "f2", {"session": "s1", "atEvent": first.id}, target="s3")

@@ -254,7 +254,7 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     memo.runtime.observe_checkpoint("DELETED", body)
     asyncio.run(session_resync_clock(type="DELETED", body={"metadata": {"namespace": "ns", "name": "s"}}, memo=memo))
     fork = {"metadata": {"namespace": "ns", "name": "f"}}
-    asyncio.run(fork_event(type="DELETED", body=fork, namespace="ns", name="f"))
+    asyncio.run(fork_event(type="DELETED", body=fork, namespace="ns", name="f", memo=memo))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
         assert (kind, "ns", name) not in controllers._locks
         assert (kind, "ns", name) not in controllers._done
@@ -569,6 +569,40 @@ def test_only_the_passes_for_our_own_checkpoint_created_appends_are_spaced():
     assert passes.take(0) is None and ("ns", "s") in memo.runtime.own_appends.later
     memo.runtime.observe_child("configmaps", "MODIFIED", chunk(3, "run.started"))
     assert passes.take(0) == (("ns", "s"), None)
+
+
+def test_a_held_sessions_claim_events_move_its_rollback_and_ask_for_no_session_pass():
+    """While a rollback holds a Session, the events of its claims (the restored one made and
+    bound) file the rollback's pass only; once released, a claim event asks for the
+    Session's pass again."""
+    from savepoint.constants import RESTORING_ANNOTATION
+    from savepoint.controllers import cache
+
+    passes = WorkQueue("unit", 0, lambda key, payload: None)
+    forks = WorkQueue("unit", 0, lambda key, payload: None)
+    memo = runtime_memo(session_passes=passes, fork_passes=forks)
+    rollback = {
+        "metadata": {"namespace": "ns", "name": "f", "resourceVersion": "3"},
+        "spec": {"mode": "Rollback"},
+        "status": {"targetSession": "s"},
+    }
+    session = {"metadata": {"namespace": "ns", "name": "s", "resourceVersion": "5"}}
+    restored = claim(uid="restored-uid", phase="Pending")
+    restored["metadata"].update(name="s-ws-1", labels={SESSION_LABEL: "s"})
+    try:
+        cache.forks.put(rollback)
+        cache.sessions.put({**session, "metadata": {**session["metadata"], "annotations": {RESTORING_ANNOTATION: "f"}}})
+        memo.runtime.observe_child("persistentvolumeclaims", "ADDED", restored)
+        restored["status"]["phase"] = "Bound"
+        memo.runtime.observe_child("persistentvolumeclaims", "MODIFIED", restored)
+        assert passes.take(0) is None
+        assert forks.take(0) == (("ns", "f"), None) and forks.take(0) is None
+        cache.sessions.put({**session, "metadata": {**session["metadata"], "resourceVersion": "6"}})  # released
+        restored["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        memo.runtime.observe_child("persistentvolumeclaims", "MODIFIED", restored)
+        assert passes.take(0) == (("ns", "s"), None)
+    finally:
+        cache.clear()
 
 
 def test_a_held_sessions_log_appends_ask_for_no_pass_until_its_hand_back():

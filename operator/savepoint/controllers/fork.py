@@ -402,6 +402,13 @@ def _succeed(body: dict, target: str) -> None:
     started = parse_rfc3339(status["startedAt"]) if status.get("startedAt") else _now()
     elapsed = int((_now() - started).total_seconds() * 1000)
     metrics.restore_seconds.labels(status.get("restoreMode") or "snapshot").observe(elapsed / 1000)
+    log.info(
+        "fork %s/%s succeeded: session %s is ready (%d ms)",
+        body["metadata"]["namespace"],
+        body["metadata"]["name"],
+        target,
+        elapsed,
+    )
     _write(
         body,
         {

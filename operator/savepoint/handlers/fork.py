@@ -18,20 +18,21 @@ FORKS = (GROUP, VERSION, "forks")
 SESSIONS = (GROUP, VERSION, "sessions")
 
 
-@kopf.on.resume(*FORKS, id="fork_resume")
-@kopf.on.create(*FORKS, id="fork_create")
-def fork_reconcile(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
-    memo.runtime.fork_pass(namespace, name)
-
-
 @kopf.on.event(*FORKS, id="fork_event")
-async def fork_event(type: str | None, body: kopf.Body, namespace: str, name: str, **_: object) -> None:
+async def fork_event(
+    type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: object
+) -> None:
     # Its body for the passes and for which forks an event moves on (controllers/cache.py);
-    # forgetting it once it is gone.
+    # forgetting it once it is gone. A new Fork, or an unfinished one listed (at start-up,
+    # or when a watch lists again), gets a pass. A Fork's spec never changes (the CRD makes
+    # it immutable), so its other events need none, and kopf, with no change handler on
+    # Forks, writes nothing on them: no progress or last-handled-configuration annotations.
     cache.forks.observe(type, dict(body))
     if type == "DELETED":
         forget("fork", namespace, name)
         forks.forget_rollback(namespace, name)
+    elif type in (None, "ADDED") and (body.get("status") or {}).get("phase") not in FINISHED_FORK_PHASES:
+        memo.runtime.fork_passes.file((namespace, name))
 
 
 # A filter, so the events of the thousands of sessions no fork waits on cost nothing more.
@@ -55,9 +56,14 @@ async def fork_session_event(
         memo.runtime.session_passes.file((namespace, name))
 
 
-# A safety net now, not the engine: events above move every step.
+# A safety net now, not the engine: events above move every step. Its first tick comes an
+# interval after the Fork is seen, not at once beside the create handler's pass.
 @kopf.timer(
-    *FORKS, interval=10, id="fork_progress", when=lambda status, **_: status.get("phase") not in FINISHED_FORK_PHASES
+    *FORKS,
+    interval=10,
+    initial_delay=10,
+    id="fork_progress",
+    when=lambda status, **_: status.get("phase") not in FINISHED_FORK_PHASES,
 )
 def fork_progress(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
     memo.runtime.fork_pass(namespace, name)
