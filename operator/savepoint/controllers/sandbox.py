@@ -6,7 +6,8 @@ Role's window of chunk names is widened as the log grows; which window was grant
 remembered in memory and compared with the chunk listing the Session pass makes anyway,
 so a pass usually costs no request here. After a restart, the first pass in a namespace
 lists the sandbox Roles and RoleBindings there (two requests per namespace, not two GETs
-per Session).
+per Session); a Session that listing did not show gets its three objects made without a
+read first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _guard = threading.Lock()
 # Namespace -> a lock held while its sandbox Roles are listed; present once they have been.
 _listing: dict[str, threading.Lock] = {}
 _listed: set[str] = set()
+_unlisted: set[str] = set()  # listed as far as we could: the listing was refused there
 SANDBOX_SELECTOR = ",".join([*(f"{k}={v}" for k, v in MANAGED_BY.items()), SESSION_LABEL])
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,8 @@ def _learn_namespace(namespace: str) -> None:
         if namespace in _listed:
             return
         # Unlisted (an account that may not list them): each one is read when it is needed.
-        roles, bindings = k8s.list_roles_and_bindings(namespace, SANDBOX_SELECTOR) or ([], [])
+        listed = k8s.list_roles_and_bindings(namespace, SANDBOX_SELECTOR)
+        roles, bindings = listed or ([], [])
         bound = {ref["uid"] for binding in bindings for ref in binding["metadata"].get("ownerReferences") or []}
         with _guard:
             for role in roles:
@@ -52,6 +55,8 @@ def _learn_namespace(namespace: str) -> None:
                     if ref.get("kind") == "Session" and ref["uid"] in bound:
                         _granted.setdefault(ref["uid"], sandbox.granted_window(role))
             _listed.add(namespace)
+            if listed is None:
+                _unlisted.add(namespace)
 
 
 def _owned_by(obj: dict, body: dict) -> bool:
@@ -80,10 +85,15 @@ def ensure_sandbox_access(body: dict[str, Any], newest: int | None = None) -> st
     with _guard:
         granted = _granted.get(uid)
     if granted is None:
-        # The RoleBinding is made last (binding a Role that does not exist yet is refused
-        # to anyone without `bind`), so finding it and the Role (two GETs, as after a
-        # restart) means the ServiceAccount was made too.
-        role = k8s.get_role(namespace, name) if k8s.get_role_binding(namespace, name) else None
+        # Not in the namespace's listing, nor made by this process since: most likely a new
+        # Session, whose objects are made without a read first (one there after all, left
+        # half-made or made by another replica, answers 409 and is read). Where the listing
+        # was refused, the RoleBinding is read first: it is made last (binding a Role that
+        # does not exist yet is refused to anyone without `bind`), so finding it and the
+        # Role means the ServiceAccount was made too.
+        role = None
+        if namespace in _unlisted and k8s.get_role_binding(namespace, name):
+            role = k8s.get_role(namespace, name)
         if role is None:
             _check_owner(k8s.ensure_service_account(sandbox.build_service_account(body)), body)
             if newest is None:
