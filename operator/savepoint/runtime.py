@@ -15,8 +15,9 @@ pure modules do); this module only says when a pass runs and on which thread:
   (`session_passes`, `fork_passes`): a key filed again while it waits is one pass.
 - The expiry loop: a full sweep when this replica becomes active, then what the
   watch-fed `expiry` queue says is due, and the Pending checkpoints' polls.
-- The Session resync (`resyncs`), the idle deadlines (`idle_timers`, spec.idle) and the
-  heartbeat loop (status.resources), each one thread.
+- The Session resync (`resyncs`), the unfinished Forks' poll (`fork_polls`), the idle
+  deadlines (`idle_timers`, spec.idle) and the heartbeat loop (status.resources), each
+  one thread.
 - Handing freed heap back to the OS (savepoint.memory).
 
 A kopf timer per object would keep every object's body in memory (savepoint.polling).
@@ -39,7 +40,7 @@ from savepoint.controllers import cache, checkpoint, expiry, forget, fork, heart
 from savepoint.controllers import session as sessions
 from savepoint.logdigest import CHECKPOINT_CREATED
 from savepoint.metrics import count_errors
-from savepoint.models import SETTLED_CHECKPOINT_PHASES
+from savepoint.models import FINISHED_FORK_PHASES, SETTLED_CHECKPOINT_PHASES
 from savepoint.polling import DeadlineQueue, PollQueue, Spaced, WorkQueue
 from savepoint.session import SESSION_LABEL
 from savepoint.usage import HeartbeatSeen, heartbeat_session
@@ -62,6 +63,8 @@ FORK_PASS_WORKERS = 4
 # status write for a latestCheckpoint the next one replaced a moment later.
 OWN_APPEND_GAP_SECONDS = 5.0
 RESYNC_TICK_SECONDS = 5.0
+# An unfinished Fork's pass at least this often, whatever its events: the safety net.
+FORK_POLL_SECONDS = 10.0
 # A resync that failed (the API server away) is tried again this soon, not a whole
 # resync interval later.
 RESYNC_RETRY_SECONDS = 30.0
@@ -131,6 +134,7 @@ class Runtime:
         self.pending_polls = PollQueue(pending_poll_seconds(settings))
         self.expiry = expiry.clocks
         self.resyncs = PollQueue(settings.resync_seconds)
+        self.fork_polls = PollQueue(FORK_POLL_SECONDS)
         self.idle_timers = DeadlineQueue()
         self._relist_resync_at = float("-inf")
         # (namespace, session) -> the checkpoints not admitted yet that wait for it.
@@ -145,6 +149,7 @@ class Runtime:
         for name, loop in (
             ("checkpoint-expiry", self._expiry_loop),
             ("session-resync", self._resync_loop),
+            ("fork-poll", self._fork_poll_loop),
             ("session-idle", self._idle_loop),
             ("session-heartbeat", self._heartbeat_loop),
             ("session-own-appends", self._own_appends_loop),
@@ -450,6 +455,33 @@ class Runtime:
                 heartbeat.reflected(namespace, name, HeartbeatSeen(resources, False, 0), pass_=False)
 
     # --- Forks and the process -------------------------------------------------------
+
+    def observe_fork(self, event_type: str | None, body: dict) -> None:
+        """A Fork's watch event: its body for the passes, its poll, and a pass when it is new
+        or listed (at start-up, or when the watch lists again). A Fork's spec never changes
+        (the CRD makes it immutable), so its other events ask for none: the events of its
+        Session, checkpoint and children move it on."""
+        cache.forks.observe(event_type, body)
+        meta = body["metadata"]
+        key = (meta.get("namespace", ""), meta["name"])
+        if event_type == "DELETED":
+            self.fork_polls.drop(key)
+            forget("fork", *key)
+            fork.forget_rollback(*key)
+        elif (body.get("status") or {}).get("phase") in FINISHED_FORK_PHASES:
+            self.fork_polls.drop(key)
+        else:
+            self.fork_polls.file(key)
+            if event_type in (None, "ADDED"):
+                self.fork_passes.file(key)
+
+    def _fork_poll_loop(self) -> None:
+        while True:
+            time.sleep(RESYNC_TICK_SECONDS)
+            due = self.fork_polls.take_due()
+            if peering.last_known(self.settings):
+                for key in due:
+                    self.fork_passes.file(key)
 
     def fork_pass(self, namespace: str, name: str) -> None:
         with count_errors("fork"):

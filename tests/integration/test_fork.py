@@ -127,6 +127,32 @@ def test_kopf_writes_nothing_on_a_fork(checkpointed, core, crds, namespace):
     wait_for(lambda: {"Restoring", "Succeeded"} <= reasons(), what="the fork's Restoring and Succeeded Events")
 
 
+def test_a_waiting_fork_is_deleted_at_once_while_the_operator_is_down(operator, crds, namespace):
+    """Nothing of the operator's holds a Fork back from deletion (no finalizer, kopf's
+    neither): one still waiting for its checkpoint goes at once with no operator running."""
+    make_fork(crds, namespace, "f1", {"checkpoint": "not-yet"}, target="s2")
+
+    def waiting() -> dict | None:
+        body = crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "forks", "f1")
+        return body if (body.get("status") or {}).get("reason") == "WaitingForCheckpoint" else None
+
+    assert not wait_for(waiting, what="the fork waiting for its checkpoint")["metadata"].get("finalizers")
+    operator.stop()
+    try:
+        crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "forks", "f1")
+
+        def gone() -> bool:
+            try:
+                crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "forks", "f1")
+            except client.ApiException as err:
+                return err.status == 404
+            return False
+
+        wait_for(gone, timeout=10, what="the fork deleted with the operator down")
+    finally:
+        operator.start()
+
+
 def test_fork_at_event_rebuilds_from_the_log(checkpointed, core, crds, namespace):
     first = checkpointed["log"].read(1, 1)[0]
     make_fork(crds, namespace, "f2", {"session": "s1", "atEvent": first.id}, target="s3")

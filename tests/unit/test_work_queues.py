@@ -254,10 +254,42 @@ def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     memo.runtime.observe_checkpoint("DELETED", body)
     asyncio.run(session_resync_clock(type="DELETED", body={"metadata": {"namespace": "ns", "name": "s"}}, memo=memo))
     fork = {"metadata": {"namespace": "ns", "name": "f"}}
-    asyncio.run(fork_event(type="DELETED", body=fork, namespace="ns", name="f", memo=memo))
+    asyncio.run(fork_event(type="DELETED", body=fork, memo=memo))
     for kind, name in (("checkpoint", "c"), ("session", "s"), ("fork", "f")):
         assert (kind, "ns", name) not in controllers._locks
         assert (kind, "ns", name) not in controllers._done
+
+
+def test_a_fork_is_passed_when_new_or_listed_and_polled_until_it_finishes():
+    from savepoint.controllers import cache
+
+    now = [0.0]
+    passes = WorkQueue("unit", 0, lambda key, payload: None)
+    polls = PollQueue(10, clock=lambda: now[0])
+    memo = runtime_memo(fork_passes=passes, fork_polls=polls)
+
+    def fork(rv: str, phase: str | None = None) -> dict:
+        return {"metadata": {"namespace": "ns", "name": "f", "resourceVersion": rv}, "status": {"phase": phase}}
+
+    try:
+        memo.runtime.observe_fork("ADDED", fork("1"))
+        assert passes.take(0) == (("ns", "f"), None)
+        memo.runtime.observe_fork("MODIFIED", fork("2", "Restoring"))  # our own status: no pass of its own
+        assert passes.take(0) is None
+        now[0] = 10.0
+        assert polls.take_due() == [("ns", "f")]  # the safety net's pass, while unfinished
+        memo.runtime.observe_fork(None, fork("2", "Restoring"))  # listed again (a restart, a re-list)
+        assert passes.take(0) == (("ns", "f"), None)
+        memo.runtime.observe_fork("MODIFIED", fork("3", "Succeeded"))
+        now[0] = 100.0
+        assert polls.take_due() == [] and passes.take(0) is None
+        memo.runtime.observe_fork(None, fork("3", "Succeeded"))  # a finished one listed: nothing to do
+        assert passes.take(0) is None and len(polls) == 0
+        memo.runtime.observe_fork("ADDED", fork("4"))
+        memo.runtime.observe_fork("DELETED", fork("5"))
+        assert len(polls) == 0 and not cache.forks.has("ns", "f")
+    finally:
+        cache.clear()
 
 
 def test_forget_keeps_a_lock_a_pass_still_holds():

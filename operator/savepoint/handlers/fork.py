@@ -10,29 +10,19 @@ from __future__ import annotations
 import kopf
 
 from savepoint.constants import RESTORING_ANNOTATION
-from savepoint.controllers import cache, forget
+from savepoint.controllers import cache
 from savepoint.controllers import fork as forks
-from savepoint.models import FINISHED_FORK_PHASES, GROUP, VERSION
+from savepoint.models import GROUP, VERSION
 
 FORKS = (GROUP, VERSION, "forks")
 SESSIONS = (GROUP, VERSION, "sessions")
 
 
 @kopf.on.event(*FORKS, id="fork_event")
-async def fork_event(
-    type: str | None, body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, **_: object
-) -> None:
-    # Its body for the passes and for which forks an event moves on (controllers/cache.py);
-    # forgetting it once it is gone. A new Fork, or an unfinished one listed (at start-up,
-    # or when a watch lists again), gets a pass. A Fork's spec never changes (the CRD makes
-    # it immutable), so its other events need none, and kopf, with no change handler on
-    # Forks, writes nothing on them: no progress or last-handled-configuration annotations.
-    cache.forks.observe(type, dict(body))
-    if type == "DELETED":
-        forget("fork", namespace, name)
-        forks.forget_rollback(namespace, name)
-    elif type in (None, "ADDED") and (body.get("status") or {}).get("phase") not in FINISHED_FORK_PHASES:
-        memo.runtime.fork_passes.file((namespace, name))
+async def fork_event(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: object) -> None:
+    # kopf, with no change handler, timer or daemon on Forks, writes nothing on them: no
+    # progress annotations, and no finalizer that would keep a Fork until we remove it.
+    memo.runtime.observe_fork(type, dict(body))
 
 
 # A filter, so the events of the thousands of sessions no fork waits on cost nothing more.
@@ -54,16 +44,3 @@ async def fork_session_event(
         # handler does not see a savepoint.dev annotation (its own prefix), and the child
         # events of the swap may all have come while the hold was still on.
         memo.runtime.session_passes.file((namespace, name))
-
-
-# A safety net now, not the engine: events above move every step. Its first tick comes an
-# interval after the Fork is seen, not at once beside the create handler's pass.
-@kopf.timer(
-    *FORKS,
-    interval=10,
-    initial_delay=10,
-    id="fork_progress",
-    when=lambda status, **_: status.get("phase") not in FINISHED_FORK_PHASES,
-)
-def fork_progress(namespace: str, name: str, memo: kopf.Memo, **_: object) -> None:
-    memo.runtime.fork_pass(namespace, name)
