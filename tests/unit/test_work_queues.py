@@ -660,3 +660,21 @@ def test_a_held_sessions_log_appends_ask_for_no_pass_until_its_hand_back():
         assert passes.take(0) == (("ns", "s"), None)
     finally:
         cache.clear()
+
+
+def test_a_read_serves_what_arrived_before_it_started_and_a_later_read_is_kept():
+    from savepoint.controllers.cache import Reads
+
+    reads = Reads(limit=2)
+    assert reads.since("ns", 1.0) == (False, None)  # never read
+    reads.note("ns", 5.0, {"a": "1"})
+    assert reads.since("ns", 4.0) == (True, {"a": "1"})  # arrived before the read started
+    assert reads.since("ns", 6.0) == (False, None)  # arrived after: the read may not show it
+    assert reads.since("ns", None) == (False, None)  # "read now"
+    reads.note("ns", 3.0, {"a": "old"})  # an earlier read that answered later
+    assert reads.since("ns", 4.0) == (True, {"a": "1"})
+    reads.note("ns", 7.0, {"a": "2"})
+    assert reads.since("ns", 6.0) == (True, {"a": "2"})
+    reads.note("other", 1.0)
+    reads.note("third", 1.0)  # beyond the limit: the oldest kept key goes
+    assert reads.since("ns", 0.0) == (False, None) and reads.since("third", 0.0)[0]

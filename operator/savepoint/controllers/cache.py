@@ -302,9 +302,44 @@ def session(namespace: str, name: str) -> dict | None:
     return sessions.get(namespace, name) or k8s.get_custom("sessions", namespace, name)
 
 
-# Session -> monotonic time our newest GET of it started, for checkpoint admission.
-_session_reads: dict[Key, float] = {}
-_session_reads_lock = threading.Lock()
+class Reads:
+    """Our newest read of each object: when it started (monotonic) and what it found. A GET
+    is a quorum read: one that started after an object arrived shows everything changed
+    before that object was made, so it serves every object that arrived before it
+    started, as a burst's do."""
+
+    def __init__(self, limit: int = STORE_LIMIT) -> None:
+        self._limit = limit
+        self._held: dict[Any, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+
+    def since(self, key: Any, seen_at: float | None) -> tuple[bool, Any]:
+        """(True, what it found) when a read of `key` started at or after `seen_at`, else
+        (False, None); `seen_at` None is never served."""
+        with self._lock:
+            held = self._held.get(key)
+        if seen_at is None or held is None or held[0] < seen_at:
+            return False, None
+        return True, held[1]
+
+    def note(self, key: Any, started: float, found: Any = None) -> None:
+        """A read of `key` that started at `started` found `found`: kept unless a read
+        that started later is."""
+        with self._lock:
+            if key in self._held and self._held[key][0] > started:
+                return
+            self._held[key] = (started, found)
+            while len(self._held) > self._limit:
+                del self._held[next(iter(self._held))]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+
+# Our reads of Sessions for checkpoint admission and a fork's source (the body found is
+# kept in `sessions`).
+_session_reads = Reads()
 
 
 def session_as_of(namespace: str, name: str, seen_at: float | None, made_version: int = 0) -> dict | None:
@@ -315,26 +350,20 @@ def session_as_of(namespace: str, name: str, seen_at: float | None, made_version
 
     The watch's copy serves when it is newer than the object; otherwise it may lag a
     change made just before it (hooks added, then a checkpoint asked for), so the Session
-    is read. A GET is a quorum read: one started after a Checkpoint arrived serves every
-    Checkpoint of that Session which arrived before it started, as a burst's do.
+    is read (Reads: one read serves the checkpoints that arrived before it started).
     """
     key = (namespace, name)
     held = sessions.get(namespace, name)
     if held is not None and made_version and version(held) >= made_version:
         return held
-    with _session_reads_lock:
-        read_at = _session_reads.get(key)
-    if held is not None and seen_at is not None and read_at is not None and read_at >= seen_at:
+    if held is not None and _session_reads.since(key, seen_at)[0]:
         return held
     started = time.monotonic()
     body = k8s.get_custom("sessions", namespace, name)
     if body is None:
         return None
     sessions.put(body)
-    with _session_reads_lock:
-        _session_reads[key] = max(started, _session_reads.get(key, started))
-        while len(_session_reads) > STORE_LIMIT:
-            del _session_reads[next(iter(_session_reads))]
+    _session_reads.note(key, started)
     return newest(body, sessions.get(namespace, name))
 
 
@@ -377,28 +406,21 @@ def namespace_meta(namespace: str) -> dict[str, Any]:
     return meta
 
 
-# Namespace -> (monotonic time its read started, its annotations), for checkpoint admission.
-_policies: dict[str, tuple[float, dict[str, str]]] = {}
-_policies_lock = threading.Lock()
+# Namespace -> our newest read of its annotations, for checkpoint admission.
+_policies = Reads()
 
 
 def namespace_annotations(namespace: str, seen_at: float | None) -> dict[str, str]:
     """The namespace's annotations as they were at least at monotonic time `seen_at` (when
-    the watch delivered the Checkpoint they apply to); None reads them now.
-
-    A GET is a quorum read: one that started after the Checkpoint arrived shows every
-    annotation set before the Checkpoint was made, and so serves every Checkpoint that
-    arrived before it started. Under a burst one read admits a whole queue of them.
+    the watch delivered the Checkpoint they apply to); None reads them now. Under a burst
+    one read admits a whole queue of checkpoints (Reads).
     """
-    with _policies_lock:
-        held = _policies.get(namespace)
-    if seen_at is not None and held is not None and held[0] >= seen_at:
-        return held[1]
+    served, annotations = _policies.since(namespace, seen_at)
+    if served:
+        return annotations
     started = time.monotonic()
     annotations = (k8s.get_namespace(namespace).get("metadata") or {}).get("annotations") or {}
-    with _policies_lock:
-        if namespace not in _policies or _policies[namespace][0] < started:
-            _policies[namespace] = (started, annotations)
+    _policies.note(namespace, started, annotations)
     return annotations
 
 
