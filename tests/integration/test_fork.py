@@ -29,14 +29,18 @@ def wait_fork(crds, namespace: str, name: str, timeout: float = 120) -> dict:
     return wait_for(done, timeout=timeout, what=f"fork {name} finished")
 
 
-def session_exists(crds, namespace: str, name: str) -> bool:
+def exists(crds, namespace: str, plural: str, name: str) -> bool:
     try:
-        get_session(crds, namespace, name)
+        crds.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
         return True
     except client.ApiException as err:
         if err.status == 404:
             return False
         raise
+
+
+def session_exists(crds, namespace: str, name: str) -> bool:
+    return exists(crds, namespace, "sessions", name)
 
 
 @pytest.fixture
@@ -140,15 +144,11 @@ def test_a_waiting_fork_is_deleted_at_once_while_the_operator_is_down(operator, 
     operator.stop()
     try:
         crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "forks", "f1")
-
-        def gone() -> bool:
-            try:
-                crds.get_namespaced_custom_object(GROUP, VERSION, namespace, "forks", "f1")
-            except client.ApiException as err:
-                return err.status == 404
-            return False
-
-        wait_for(gone, timeout=10, what="the fork deleted with the operator down")
+        wait_for(
+            lambda: not exists(crds, namespace, "forks", "f1"),
+            timeout=10,
+            what="the fork deleted with the operator down",
+        )
     finally:
         operator.start()
 
