@@ -345,8 +345,10 @@ def delete_pvc(namespace: str, name: str) -> None:
     call(lambda: core().delete_namespaced_persistent_volume_claim(name, namespace), absent=None)
 
 
-def annotate_pod(namespace: str, name: str, annotations: dict[str, str]) -> None:
-    call(lambda: core().patch_namespaced_pod(name, namespace, {"metadata": {"annotations": annotations}}), absent=None)
+def annotate_pod(namespace: str, name: str, annotations: dict[str, str]) -> dict | None:
+    """The Pod as annotated (None: it is gone)."""
+    patch = {"metadata": {"annotations": annotations}}
+    return call(lambda: _raw(core().patch_namespaced_pod(name, namespace, patch, _preload_content=False)), absent=None)
 
 
 def _object_path(group: str, version: str, namespace: str, plural: str, name: str = "") -> str:

@@ -255,9 +255,10 @@ def test_a_fork_asks_for_its_targets_restored_claim_as_it_makes_the_target(api):
     assert fork_status(api)["phase"] == "Restoring" and fork_status(api)["plan"]["checkpoint"] == "cp"
 
 
-def test_a_plan_from_a_checkpoint_is_pinned_beside_the_targets_create_and_a_lost_pin_sent_again(api):
-    """A Ready checkpoint resolves the same on every pass: its plan's status write goes out
-    beside the target's create instead of before it, and a pass that lost it sends it again."""
+def test_a_plan_from_a_checkpoint_is_pinned_in_the_restoring_status_and_a_lost_one_written_again(api):
+    """A Ready checkpoint resolves the same on every pass: its plan is pinned in the one
+    status write the fork makes while its target restores (Restoring), not in one of its
+    own before it; a pass that lost that write makes it again."""
     world(api, checkpoints=[checkpoint("cp")])
     api.add("forks", fork({"checkpoint": "cp"}))
     api.fail("patch_status", "forks", 500)
@@ -265,7 +266,9 @@ def test_a_plan_from_a_checkpoint_is_pinned_beside_the_targets_create_and_a_lost
         reconcile_fork(NS, "f", SETTINGS)
     assert "t" in api.names("sessions") and "plan" not in fork_status(api)
     reconcile_fork(NS, "f", SETTINGS)
-    assert (fork_status(api)["plan"]["checkpoint"], fork_status(api)["phase"]) == ("cp", "Pending")
+    status = fork_status(api)
+    assert (status["plan"]["checkpoint"], status["phase"], status["targetSession"]) == ("cp", "Restoring", "t")
+    assert [r.verb for r in api.writes() if r.kind == "forks"] == ["patch_status", "patch_status"]
     assert api.get("sessions", NS, "t")["metadata"]["annotations"][FORK_ANNOTATION] == "uid-f"
     api.patch("sessions", NS, "t", {"status": {"phase": "Ready"}}, status=True)
     reconcile_fork(NS, "f", SETTINGS)
@@ -327,15 +330,41 @@ def test_a_rollback_claims_the_session_swaps_its_disk_and_logs_once(api):
     s = api.get("sessions", NS, "s")
     assert s["status"]["workspaceClaimName"] == claim
     assert RESTORING_ANNOTATION not in (s["metadata"].get("annotations") or {})
-    assert api.names("persistentvolumeclaims") == [claim]
     rollbacks = [e for e in log(api).read() if e.type == "session.rollback"]
     assert [(e.data["toSequence"], e.data["fork"]) for e in rollbacks] == [(2, "uid-f")]
 
-    # The checkpoint's expiry starts again once the Session is back, with the Fork's success.
+    # The checkpoint's expiry starts again once the Session is back, with the Fork's success;
+    # the old claim is deleted then too, not while the new Pod starts.
     assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] == "2126-01-02T00:00:00Z"
+    assert sorted(api.names("persistentvolumeclaims")) == sorted([claim, "s-workspace"])
     reconcile_fork(NS, "f", SETTINGS)
     assert fork_status(api)["phase"] == "Succeeded"
+    assert api.names("persistentvolumeclaims") == [claim]
     assert api.get("checkpoints", NS, "cp")["status"]["expiresAt"] != "2126-01-02T00:00:00Z"
+
+
+def test_a_rollback_releases_the_old_claim_once_the_session_is_back_or_has_failed(api):
+    """The swapped-out claim outlives the new Pod's start (its deletion is the CSI driver's
+    work on the same cores), and goes once the Session is back, or has failed on the new
+    one: the Fork then fails too, saying why, instead of staying Restoring."""
+    from savepoint.controllers import cache
+
+    claim = rollback_world(api)
+    reconcile_fork(NS, "f", SETTINGS)
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    cache.sessions.put(api.patch("sessions", NS, "s", {"status": {"phase": "Provisioning"}}, status=True))
+    reconcile_fork(NS, "f", SETTINGS)  # swapped and handed back, the Session not yet back
+    assert sorted(api.names("persistentvolumeclaims")) == sorted([claim, "s-workspace"])
+    cache.sessions.put(api.get("sessions", NS, "s"))
+    reconcile_fork(NS, "f", SETTINGS)
+    assert sorted(api.names("persistentvolumeclaims")) == sorted([claim, "s-workspace"])
+    failed = {"phase": "Failed", "conditions": [{"type": "Ready", "status": "False", "message": "no such image"}]}
+    cache.sessions.put(api.patch("sessions", NS, "s", {"status": failed}, status=True))
+    reconcile_fork(NS, "f", SETTINGS)
+    assert api.names("persistentvolumeclaims") == [claim]
+    status = fork_status(api)
+    assert (status["phase"], status["reason"]) == ("Failed", "SessionNotReady")
+    assert status["message"] == "session s failed on the restored workspace: no such image"
 
 
 def test_the_pod_starts_on_the_restored_claim_once_swapped_and_recorded_not_before(api):
@@ -376,7 +405,6 @@ def test_the_pod_starts_on_the_restored_claim_once_swapped_and_recorded_not_befo
     assert RESTORING_ANNOTATION not in (api.get("sessions", NS, "s")["metadata"].get("annotations") or {})
     reconcile_session(NS, "s", SETTINGS)
     assert api.get("pods", NS, "s")["metadata"]["uid"] != made
-    assert api.names("persistentvolumeclaims") == [claim]
     assert [e.type for e in log(api).read()].count("session.rollback") == 1
 
 
@@ -479,8 +507,13 @@ def test_a_rollback_asks_for_its_claim_beside_its_fresh_reads_when_the_watch_sho
     reconcile_fork(NS, "f", SETTINGS)
     creates = [r for r in api.requests if (r.verb, r.kind) == ("create", "persistentvolumeclaims")]
     assert [r.name for r in creates] == [claim]  # asked for once, not again after the reads
-    assert fork_status(api)["plan"]["checkpoint"] == "cp"  # pinned beside them
     assert api.get("sessions", NS, "s")["metadata"]["annotations"][RESTORING_ANNOTATION] == "f"
+    # One status write beside them, Restoring with the plan pinned in it (not Pending, then
+    # Restoring, while the claim restores), and its Event once.
+    assert [r.verb for r in api.writes() if r.kind == "forks"] == ["patch_status"]
+    status = fork_status(api)
+    assert (status["phase"], status["targetSession"], status["plan"]["checkpoint"]) == ("Restoring", "s", "cp")
+    assert [reason for name, reason, *_ in api.events if name == "f"] == ["Restoring"]
 
 
 def test_a_rollback_whose_session_was_made_again_takes_its_early_claim_away(api):

@@ -293,6 +293,56 @@ def test_ready_is_written_before_the_pods_boot_time_is_kept_and_both_agree(api):
     assert status(api)["phase"] == "Ready" and status(api)["usage"]["bootMs"] == int(kept)
 
 
+def running_world(api: FakeAPI, annotations: dict | None = None) -> dict:
+    """Session s with its claim Bound and its Pod Running; the Pod as added."""
+    api.add("namespaces", {"metadata": {"name": NS}})
+    body = session()
+    body["metadata"]["annotations"] = annotations or {}
+    body = api.add("sessions", body)
+    api.add("persistentvolumeclaims", owned("s-workspace", status={"phase": "Bound"}))
+    pod = build_pod(body, _spec(body), "s-workspace", 0)
+    pod["status"] = {"phase": "Running", "containerStatuses": [container()]}
+    return api.add("pods", pod)
+
+
+def test_a_pass_brought_by_an_older_event_of_the_pod_does_not_time_its_boot_again(api):
+    """An update of the Pod sent before the boot annotation (the kubelet's) may arrive after
+    it: the pass it brings finds the annotated Pod the write answered, and writes nothing,
+    so the Session's bootMs stays the figure first kept."""
+    from savepoint.constants import POD_BOOT_MS
+    from savepoint.controllers import cache
+
+    before = running_world(api)
+    reconcile_session(NS, "s", SETTINGS)
+    kept = api.get("pods", NS, "s")["metadata"]["annotations"][POD_BOOT_MS]
+    cache.pods.observe("MODIFIED", before)
+    api.requests.clear()
+    reconcile_session(NS, "s", SETTINGS)
+    assert api.writes() == []
+    assert status(api)["usage"]["bootMs"] == int(kept)
+
+
+def test_a_held_sessions_status_shows_no_pod_at_once_and_the_pods_deletion_writes_nothing(api):
+    """While a rollback holds the Session its Pod is on the way out: the first pass under
+    the hold writes the status without it, so the Pod's DELETED event brings no second write."""
+    from savepoint.constants import RESTORING_ANNOTATION
+    from savepoint.controllers import cache
+
+    pod = running_world(api, {RESTORING_ANNOTATION: "f"})
+    api.patch("sessions", NS, "s", {"status": {"phase": "Ready", "podName": "s"}}, status=True)
+    reconcile_session(NS, "s", SETTINGS)
+    assert (status(api)["phase"], ready_reason(api), status(api).get("podName")) == (
+        "Provisioning",
+        "RollingBack",
+        None,
+    )
+    assert api.names("pods") == []
+    cache.pods.observe("DELETED", pod)
+    api.requests.clear()
+    reconcile_session(NS, "s", SETTINGS)
+    assert [(r.verb, r.kind) for r in api.writes()] == []
+
+
 # --- a Session restored from a checkpoint (a fork's target) -----------------------------
 
 

@@ -236,8 +236,9 @@ def _read_prefix(namespace: str, session: dict, through: int, checkpoint: str | 
         raise ForkError(ForkReason.SESSION_HISTORY_UNAVAILABLE, f"the log cannot be read: {err}") from None
 
 
-# The status write that pins a resolved plan, when the pass has yet to send it.
-Pin = Callable[[], None] | None
+# The status fields that pin a resolved plan, when the pass has yet to write them: they
+# go into the pass's next status write (Restoring), or alone when it has none to send.
+Pin = dict[str, Any] | None
 
 
 def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> tuple[Plan, Pin]:
@@ -247,8 +248,8 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> t
     A plan is pinned in the Fork's status, so a later pass (after a restart too) does not
     resolve it again against a moving log. A plan from a named checkpoint resolves the same
     on every pass (a Ready checkpoint's snapshot and cursor never change): its pin is
-    returned, to be sent beside the first step's own requests. Any other is pinned here,
-    before anything is made from it."""
+    returned, to go into the Restoring status the first step writes. Any other is pinned
+    here, before anything is made from it."""
     pinned = (body.get("status") or {}).get("plan")
     if pinned:  # resolved on an earlier pass: do not re-resolve against a moving log
         # A merge patch drops null fields, so read each one with its default.
@@ -300,13 +301,9 @@ def resolve(namespace: str, spec: ForkSpec, body: dict, settings: Settings) -> t
         "restoreMode": plan.restore.value,
         "startedAt": rfc3339(_now()),
     }
-
-    def pin() -> None:
-        _write(body, pending)
-
     if source.checkpoint:
-        return plan, pin
-    pin()
+        return plan, pending
+    _write(body, pending)
     return plan, None
 
 
@@ -338,6 +335,12 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
     # of it: create it without a read first (one that exists answers 409, then is read).
     made = (body.get("status") or {}).get("targetSession") is not None
     target = cache.session(namespace, target_name) if made else cache.sessions.get(namespace, target_name)
+    restoring = {"phase": ForkPhase.RESTORING.value, "targetSession": target_name}
+    announce = (
+        "Restoring",
+        f"session {target_name} from {plan.checkpoint or plan.source_session} "
+        f"through event {plan.through_sequence} ({plan.restore.value})",
+    )
     if target is None:
         # The source as it stood when the Fork was made: a change applied with the Fork,
         # or just before it, goes into the target (the watch's copy may lag it).
@@ -355,8 +358,7 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
             message = f"target.overrides make an invalid Session: {problems}"
             raise ForkError(ForkReason.INVALID_TARGET, message) from None
         try:
-            # A pin still to send goes beside the create; the Restoring status follows both.
-            created, _ = _together(lambda: k8s.create_custom("sessions", namespace, new), pin or (lambda: None))
+            created = k8s.create_custom("sessions", namespace, new)
         except k8s.Refused as err:
             raise ForkError(
                 ForkReason.INVALID_TARGET, f"the API server refused session {target_name}: {err.message}"
@@ -369,21 +371,15 @@ def _fork(body: dict, spec: ForkSpec, plan: Plan, pin: Pin = None) -> None:
                 # The restore is a fork's longest step: it starts now, not once the new
                 # Session's event brings its first pass (which finds the claim made).
                 cache.claims.put(_ensure_restored_claim(created, claim_name(target_name), plan))
-            _write(
-                body,
-                {"phase": ForkPhase.RESTORING.value, "targetSession": target_name},
-                event=(
-                    "Restoring",
-                    f"session {target_name} from {plan.checkpoint or plan.source_session} "
-                    f"through event {plan.through_sequence} ({plan.restore.value})",
-                ),
-            )
-    elif pin is not None:
-        pin()  # a pass that made the target and stopped before its pin
+            # The plan's pin, when it is still to write, goes into the same status.
+            _write(body, {**(pin or {}), **restoring}, event=announce)
+            pin = None
     if target is None:
         return
     if (target["metadata"].get("annotations") or {}).get(FORK_ANNOTATION) != meta["uid"]:
         raise ForkError(ForkReason.TARGET_EXISTS, f"session {target_name} already exists")
+    if pin is not None:
+        _write(body, {**pin, **restoring}, event=announce)  # a pass that made the target and stopped before it
     phase = (target.get("status") or {}).get("phase")
     if phase == SessionPhase.FAILED:
         cond: dict = next((c for c in target["status"].get("conditions", []) if c["type"] == "Ready"), {})
@@ -468,13 +464,36 @@ def _handed_back(session: dict, fork: str, claim: str) -> bool:
 
 def _until_back(body: dict, session: dict, plan: Plan, settings: Settings) -> None:
     """Succeed once the handed-back Session is live again (a run may already have started
-    on the restored workspace)."""
-    if (session.get("status") or {}).get("phase") in LIVE_PHASES:
+    on the restored workspace), its old claims released."""
+    phase = (session.get("status") or {}).get("phase")
+    namespace = body["metadata"]["namespace"]
+    if phase in LIVE_PHASES:
         # The checkpoint's expiry starts again now that the session runs on it: after the
         # Session is back, not on its way (a retried pass refreshes it again).
-        _refresh_expiry(body["metadata"]["namespace"], plan.checkpoint, settings)
+        _together(lambda: _release_old_claims(session), lambda: _refresh_expiry(namespace, plan.checkpoint, settings))
         _succeed(body, session["metadata"]["name"])
-        forget_rollback(body["metadata"]["namespace"], body["metadata"]["name"])
+        forget_rollback(namespace, body["metadata"]["name"])
+    elif phase == SessionPhase.FAILED:
+        _release_old_claims(session)
+        ready: dict = next((c for c in session["status"].get("conditions") or [] if c.get("type") == "Ready"), {})
+        name = session["metadata"]["name"]
+        message = f"session {name} failed on the restored workspace: {ready.get('message', '')}"
+        raise ForkError(ForkReason.SESSION_NOT_READY, message)
+
+
+def _release_old_claims(session: dict) -> None:
+    """Delete the Session's claims but the one it is on: the one the rollback swapped out,
+    and any a pass that stopped after its swap left behind. Once the Session is back, not
+    while its Pod starts: deleting a volume is the CSI driver's work, on the same cores."""
+    namespace, name = session["metadata"]["namespace"], session["metadata"]["name"]
+    claims = k8s.list_pvcs(namespace, f"{SESSION_LABEL}={name}")
+    old = [
+        c["metadata"]["name"]
+        for c in claims
+        if c["metadata"]["name"] != _claim_of(session) and not c["metadata"].get("deletionTimestamp")
+    ]
+    if old:
+        _together(*(lambda claim=claim: k8s.delete_pvc(namespace, claim) for claim in old))
 
 
 def _rollback(
@@ -485,8 +504,10 @@ def _rollback(
     claim = target_claim_name(plan.source_session, meta["name"])
     seen = cache.sessions.get(namespace, plan.source_session)
     if pin is not None and (seen is None or not _first_step(seen, meta["name"], claim)):
-        pin()  # no first step's requests to send it beside
+        _write(body, pin)  # no first step to write it with
         pin = None
+    # The Restoring status, once written in this pass without its Event (the first step's).
+    announced = False
     if _waits_for_claim(namespace, seen, meta["name"], claim):
         return None
     if seen is not None and _handed_back(seen, meta["name"], claim):
@@ -503,15 +524,17 @@ def _rollback(
         # started, the hold, and the Pod that must be gone before the claim is swapped. A
         # rollback's first step also asks for the restored claim beside them, when the
         # watch's copy of the Session shows nothing that refuses it: the restore is the
-        # rollback's longest step. The fresh copy is checked again below.
+        # rollback's longest step. The fresh copy is checked again below. The Restoring
+        # status (the plan pinned in it) goes beside them: the restore has started.
         early = seen if seen is not None and _first_step(seen, meta["name"], claim) else None
+        first = {**pin, "phase": ForkPhase.RESTORING.value, "targetSession": plan.source_session} if pin else None
         session, pod, made, _ = _together(
             lambda: k8s.get_custom("sessions", namespace, plan.source_session),
             lambda: k8s.get_pod(namespace, pod_name(plan.source_session)),
             lambda: _ensure_restored_claim(early, claim, plan) if early is not None else None,
-            pin or (lambda: None),
+            (lambda: _write(body, first)) if first else (lambda: None),
         )
-        pin = None
+        announced, pin = first is not None, None
         if made is not None and (session is None or session["metadata"]["uid"] != _owner_uid(made)):
             # The Session was made again under the same name since the watch showed it:
             # the claim belongs to the old one, which the garbage collector takes.
@@ -548,7 +571,11 @@ def _rollback(
 
         def restoring() -> None:
             message = f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"
-            _write(body, {"phase": ForkPhase.RESTORING.value, "targetSession": name}, event=("Restoring", message))
+            if announced:
+                k8s.post_event(body, "Restoring", message)
+            else:
+                status = {"phase": ForkPhase.RESTORING.value, "targetSession": name}
+                _write(body, status, event=("Restoring", message))
 
         if pod is not None and _claim_of(session) != claim:
             # Step 1 below, beside the status: the old sandbox's stop is what a new Pod of
@@ -589,17 +616,14 @@ def _rollback(
             same=lambda e: e.type == "session.rollback" and e.data.get("fork") == meta["uid"],
         )
 
-    # 4. Swap the claim in (the checkpoint's expiry is refreshed once the Session is back).
-    # Beside the append: the hold keeps the Pod away until both are in, and each is safe to
-    # repeat if the pass stops between. The Session's other claims are listed beside them,
-    # and the Pod does not wait for that list (a list waits for the API server's cache to
-    # catch up, up to 0.1 s).
+    # 4. Swap the claim in (the checkpoint's expiry is refreshed, and the old claim deleted,
+    # once the Session is back). Beside the append: the hold keeps the Pod away until both
+    # are in, and each is safe to repeat if the pass stops between.
     started = time.monotonic()
     swap = {
         "workspaceClaimName": claim,
         "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
     }
-    listing = _steps.submit(k8s.list_pvcs, namespace, f"{SESSION_LABEL}={name}")
     _, written = _together(record, lambda: k8s.patch_status("sessions", namespace, name, swap))
     cache.sessions.put(written)
     failpoints.hit("rollback.after_swap")
@@ -607,21 +631,9 @@ def _rollback(
     # 5 releases the hold and the old claims (swapped_in).
     _here[(namespace, meta["name"])] = SWAPPED
     swapped(name)
-    # 5. Release the old claim, and any a pass that died right after the swap left behind
-    # (listed while the rollback held the session, when no other claim of it was in use),
-    # and hand the session back to its controller.
+    # 5. Hand the session back to its controller.
     released = {"metadata": {"annotations": {RESTORING_ANNOTATION: None}}}
-    claims = listing.result()
-    old_claims = [
-        c["metadata"]["name"]
-        for c in claims
-        if c["metadata"]["name"] != claim and not c["metadata"].get("deletionTimestamp")
-    ]
-    back, *_ = _together(
-        lambda: k8s.patch_custom("sessions", namespace, name, released),
-        *(lambda old=old: k8s.delete_pvc(namespace, old) for old in old_claims),
-    )
-    cache.sessions.put(back)
+    cache.sessions.put(k8s.patch_custom("sessions", namespace, name, released))
     log.info("rollback of %s/%s swapped in %s in %.0f ms", namespace, name, claim, (time.monotonic() - started) * 1000)
     return name
 

@@ -343,7 +343,9 @@ def _reconcile(
     if view is None:
         view = _view(body, elog)
     beat = heartbeat.seen(namespace, name, settings.heartbeat_stale_seconds)
-    seen = dataclasses.replace(_observe_log(view, pod, pvc), heartbeat=beat)
+    # A held Session's Pod is on its way out (this pass or the rollback deletes it): the
+    # status says so at once, and the Pod's own deletion then changes nothing to write.
+    seen = dataclasses.replace(_observe_log(view, None if hold else pod, pvc), heartbeat=beat)
     warning = _mount_warning(namespace, pod)
     if warning:
         seen = dataclasses.replace(seen, pod_warning=warning)
@@ -372,7 +374,9 @@ def _reconcile(
     if booted is not None and pod is not None:
         # Kept on the Pod, so later passes report the same usage.bootMs: after the status,
         # which is what the Session's users wait for (Ready), not before it.
-        k8s.annotate_pod(namespace, pod["metadata"]["name"], {POD_BOOT_MS: booted})
+        # Into the store: a pass brought by an older event of the Pod (the kubelet's, sent
+        # before this annotation) would otherwise time the boot again, and write it again.
+        cache.pods.put(k8s.annotate_pod(namespace, pod["metadata"]["name"], {POD_BOOT_MS: booted}))
     if user_spec.idle is not None or idle_state is not None:
         _schedule_idle(timers, body, user_spec, status, view, hold is not None)
     heartbeat.reflected(namespace, name, seen.heartbeat)
