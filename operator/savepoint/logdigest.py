@@ -15,7 +15,9 @@ answers as the whole-log functions:
 
 Appending to the log appends to its effective history, so a fold is exact until a
 session.rollback with a valid toSequence: that one rewrites the history, and fold()
-returns None for the caller to build the Digest again from the whole log (Digest.of).
+returns None for the caller to build the Digest again from the whole log (Digest.of),
+or, with the history of the events through the rollback's target read beforehand
+(history_through), to fold the rollback in with roll_back().
 The state is the open runs and approval requests, the completed runIds (for counting a
 repeated one once) and the run durations: never the events.
 """
@@ -58,7 +60,7 @@ def rewrites_history(event: Event) -> bool:
 
 
 @dataclass
-class _History:
+class History:
     """summarize()'s state, and the newest run.completed, over the effective history."""
 
     runs_open: list[str | None] = field(default_factory=list)
@@ -67,8 +69,8 @@ class _History:
     runs: int = 0
     last_run_completed: int = 0
 
-    def copy(self) -> _History:
-        return _History(
+    def copy(self) -> History:
+        return History(
             list(self.runs_open), list(self.approvals_open), set(self.completed_ids), self.runs, self.last_run_completed
         )
 
@@ -187,6 +189,15 @@ class _Own:
         }
 
 
+def history_through(events: Sequence[Event], seq: int) -> History:
+    """The effective history's state over the log's events through `seq`: what a
+    session.rollback to `seq` leaves of it (the rollback event itself adds nothing)."""
+    history = History()
+    for event in effective_history([e for e in events if e.seq <= seq]):
+        history.add(event)
+    return history
+
+
 def _own_after(own: _Own, events: Iterable[Event]) -> _Own:
     for event in events:
         if event.type == FORKED:
@@ -207,7 +218,7 @@ class Digest:
     through: int = 0  # seq of the newest event folded (0: none)
     last_id: str = ""
     last_time: str | None = None  # Event.time of the newest event folded
-    history: _History = field(default_factory=_History)
+    history: History = field(default_factory=History)
     own: _Own = field(default_factory=_Own)
 
     @classmethod
@@ -215,7 +226,7 @@ class Digest:
         """The digest of a whole log, in seq order (its rollbacks honoured)."""
         if not events:
             return cls()
-        history = _History()
+        history = History()
         for event in effective_history(events):
             history.add(event)
         last = events[-1]
@@ -241,6 +252,15 @@ class Digest:
         own = _own_after(self.own.copy(), newer)
         last = newer[-1]
         return Digest(last.seq, last.id, last.time, history, own)
+
+    def roll_back(self, event: Event, target: History) -> Digest | None:
+        """This digest with the rollback `event`, the next event after `through`, folded in:
+        the history becomes `target` (history_through the log and the rollback's
+        toSequence), while usage counts every event, the closed branch's too. None when
+        `event` is not the next event, or not a rollback that rewrites the history."""
+        if event.seq != self.through + 1 or not rewrites_history(event):
+            return None
+        return Digest(event.seq, event.id, event.time, target.copy(), _own_after(self.own.copy(), [event]))
 
     def summary(self) -> dict[str, Any]:
         """eventlog.summarize of the log's effective history."""
@@ -276,4 +296,4 @@ class Digest:
         return (self.through, self.last_id)
 
 
-__all__ = ["Digest", "rewrites_history"]
+__all__ = ["Digest", "history_through", "rewrites_history"]

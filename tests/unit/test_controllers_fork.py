@@ -367,6 +367,71 @@ def test_a_rollback_releases_the_old_claim_once_the_session_is_back_or_has_faile
     assert status["message"] == "session s failed on the restored workspace: no such image"
 
 
+def test_the_pass_that_starts_the_pod_after_a_swap_reads_nothing_of_the_namespace(api):
+    """The Pod's Pod Security check reads the namespace's labels (kept 5 s): a copy gone
+    stale while the claim restored is read beside the swap, not by the pass after it."""
+    from savepoint.controllers import cache
+    from savepoint.controllers.session import reconcile_session
+
+    claim = rollback_world(api)
+    template = {"spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}
+    api.patch("sessions", NS, "s", {"spec": {"podTemplate": template}})
+    reconcile_fork(NS, "f", SETTINGS)
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    cache._namespaces.clear()  # the copy kept went stale while the claim restored
+    reads: list[tuple[str, str]] = []
+
+    def swapped(name: str) -> None:
+        api.requests.clear()
+        reconcile_session(NS, name, SETTINGS)
+        reads.extend((r.verb, r.kind) for r in api.requests if r.verb in ("get", "list"))
+
+    reconcile_fork(NS, "f", SETTINGS, swapped=swapped)
+    assert "s" in api.names("pods")
+    assert ("get", "namespaces") not in reads
+
+
+@pytest.mark.parametrize("erased", [False, True], ids=["as read", "an event erased meanwhile"])
+def test_after_the_swap_the_pass_that_starts_the_pod_reads_no_whole_log(api, monkeypatch, erased):
+    """The events through the target, read while the claim restored, fold the rollback into
+    the digest the Session's passes keep: the pass after the swap lists no chunks, and its
+    status reads as a whole read would. An event erased since that read voids it."""
+    from savepoint import eventlog
+    from savepoint.controllers import cache, logview
+    from savepoint.controllers import fork as forks
+    from savepoint.controllers.session import reconcile_session
+    from savepoint.logdigest import Digest
+
+    monkeypatch.setattr(eventlog, "on_chunk", cache.chunks.put)  # as the operator starts
+    claim = rollback_world(api)
+    template = {"spec": {"containers": [{"name": "agent", "image": "agent:1"}]}}
+    api.patch("sessions", NS, "s", {"spec": {"podTemplate": template}})
+    view = logview.observe(api.get("sessions", NS, "s"), log(api))  # as a Session pass keeps it
+    api.patch("sessions", NS, "s", {"status": {"eventLog": {"chunks": view.chunks}}}, status=True)
+    reconcile_fork(NS, "f", SETTINGS)
+    forks._targets[(NS, "f")].result()
+    if erased:
+        first = log(api).read(1, 1)[0].to_json()
+        assert '"n":1' in first
+        erasure = {"data": {"000000000001": first.replace('"n":1', '"n":0')}}
+        cache.chunks.observe("MODIFIED", api.patch("configmaps", NS, "s-log-000001", erasure))
+    api.patch("persistentvolumeclaims", NS, claim, {"status": {"phase": "Bound"}})
+    lists: list[str] = []
+
+    def swapped(name: str) -> None:
+        api.requests.clear()
+        reconcile_session(NS, name, SETTINGS)
+        lists.extend(r.name for r in api.requests if (r.verb, r.kind) == ("list", "configmaps"))
+
+    reconcile_fork(NS, "f", SETTINGS, swapped=swapped)
+    assert "s" in api.names("pods")
+    assert bool(lists) == erased
+    whole = Digest.of(log(api).read())
+    written = api.get("sessions", NS, "s")["status"]
+    assert (written["eventLog"]["lastSequence"], written["eventLog"]["lastEventId"]) == whole.cursor
+    assert whole.cursor[0] == 5 and cache.log_views.get(NS, "s").digest == whole
+
+
 def test_the_pod_starts_on_the_restored_claim_once_swapped_and_recorded_not_before(api):
     """Told of the swap, the Session's pass starts the Pod on the restored claim while the
     hold is still on (the hand-back goes on beside it); a hold that this process has not
@@ -434,7 +499,8 @@ def test_a_rollback_checks_the_newest_chunk_afresh_for_a_run_not_the_whole_log(a
     from savepoint.controllers import logview
 
     rollback_world(api)
-    logview.observe(api.get("sessions", NS, "s"), log(api))  # as a Session pass keeps it
+    view = logview.observe(api.get("sessions", NS, "s"), log(api))  # as a Session pass keeps it
+    api.patch("sessions", NS, "s", {"status": {"eventLog": {"chunks": view.chunks}}}, status=True)
     log(api).append("run.started", {"runId": "r"})
     api.requests.clear()
     reconcile_fork(NS, "f", SETTINGS)

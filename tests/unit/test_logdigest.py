@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from savepoint.eventlog import TOMBSTONE_KEY, Event, effective_history, summarize
-from savepoint.logdigest import Digest
+from savepoint.logdigest import Digest, history_through
 from savepoint.models import SessionPhase
 from savepoint.session import activity
 from savepoint.usage import derive_usage
@@ -163,6 +163,35 @@ def test_a_random_log_folded_from_any_split_reads_out_as_the_whole_log(seed):
         # A chunk read again holds events folded already: they are skipped.
         again = events[rng.randrange(split + 1) :]
         assert before.fold(again) == whole
+
+
+@pytest.mark.parametrize("seed", range(0, len(LOGS), 4))
+def test_a_rollback_folded_onto_the_history_through_its_target_reads_out_as_the_whole_log(seed):
+    """A rollback's hand-back keeps the Session's digest without reading the log again: the
+    history through the target (read while the claim restored) and the digest kept before
+    the rollback event give the same read-out as the whole log with the rollback in it."""
+    rng = random.Random(20_000 + seed)
+    events = LOGS[seed]
+    before = Digest.of(events)
+    for target in {0, len(events) // 2, *(rng.randrange(len(events) + 1) for _ in range(3))}:
+        rollback = ev(len(events) + 1, "session.rollback", ms=99_000, toSequence=target)
+        rolled = before.roll_back(rollback, history_through(events, target))
+        assert rolled is not None
+        assert read_out(rolled) == reference([*events, rollback]) == read_out(Digest.of([*events, rollback]))
+        after = ev(len(events) + 2, "run.started", runId="z")
+        folded = rolled.fold([after])
+        assert folded is not None
+        assert read_out(folded) == reference([*events, rollback, after])
+
+
+def test_roll_back_takes_only_the_next_event_and_a_rollback_that_rewrites_the_history():
+    events = [ev(1, "run.started", runId="r1"), ev(2, "run.completed", runId="r1")]
+    digest, target = Digest.of(events), history_through(events, 1)
+    assert digest.roll_back(ev(4, "session.rollback", toSequence=1), target) is None  # not the next one
+    assert digest.roll_back(ev(3, "session.rollback", toSequence=3), target) is None  # no valid target
+    assert digest.roll_back(ev(3, "user.message"), target) is None
+    rolled = digest.roll_back(ev(3, "session.rollback", toSequence=1), target)
+    assert rolled is not None and rolled.summary()["run_in_flight"] and rolled.usage()["runs"] == 1
 
 
 @pytest.mark.parametrize("seed", range(0, len(LOGS), 10))

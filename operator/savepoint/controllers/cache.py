@@ -15,6 +15,7 @@ reads these stores now answer (docs/performance.md).
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 import threading
 import time
@@ -143,6 +144,9 @@ def _slim(body: dict) -> dict:
 CHUNK_NAME = re.compile(r"(.+)-log-(\d{6})")
 
 
+_stamp_numbers = itertools.count(1)
+
+
 class Chunks:
     """The newest chunk of each Session's log, as the chunk watch (or our own read or write
     of it) last showed it, and whether anything a digest already folded has changed since:
@@ -154,6 +158,7 @@ class Chunks:
         self._limit = limit
         self._newest: OrderedDict[Key, tuple[int, dict]] = OrderedDict()
         self._changed: set[Key] = set()
+        self._stamps: dict[Key, int] = {}  # a number new to each change flagged (stamp())
         self._read_at: dict[Key, float] = {}  # when our last read of the newest chunk started
         self._lock = threading.Lock()
 
@@ -168,13 +173,13 @@ class Chunks:
             held = self._newest.get(key)
             if event_type == "DELETED":
                 if held is not None and index <= held[0]:
-                    self._changed.add(key)
+                    self._flag(key)
                 if held is not None and index == held[0]:
                     del self._newest[key]
                 return
             if held is not None and index < held[0]:
                 if event_type is not None:
-                    self._changed.add(key)  # a sealed chunk rewritten: erase
+                    self._flag(key)  # a sealed chunk rewritten: erase
                 return
             self._keep(key, index, held, body)
 
@@ -200,12 +205,25 @@ class Chunks:
                 return
             old, new = held[1].get("data") or {}, body.get("data") or {}
             if any(new.get(k) != v for k, v in old.items()):
-                self._changed.add(key)  # an event rewritten in place: erase
+                self._flag(key)  # an event rewritten in place: erase
         self._newest[key] = (index, _slim(body))
         self._newest.move_to_end(key)
         while len(self._newest) > self._limit:
             gone, _ = self._newest.popitem(last=False)
             self._read_at.pop(gone, None)
+            self._stamps.pop(gone, None)
+
+    def _flag(self, key: Key) -> None:
+        self._changed.add(key)
+        self._stamps[key] = next(_stamp_numbers)
+
+    def stamp(self, namespace: str, session: str) -> int | None:
+        """A number that stays the same until something a digest folded changes (None
+        while such a change waits for take_changed): a read of the log that started
+        under one stamp still shows the folded events while the stamp is unchanged."""
+        with self._lock:
+            key = (namespace, session)
+            return None if key in self._changed else self._stamps.get(key, 0)
 
     def newest(self, namespace: str, session: str) -> dict | None:
         """The newest chunk seen of the session's log (not a copy: never change it)."""
@@ -237,6 +255,7 @@ class Chunks:
         with self._lock:
             self._newest.clear()
             self._changed.clear()
+            self._stamps.clear()
             self._read_at.clear()
 
     def __len__(self) -> int:

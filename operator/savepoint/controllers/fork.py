@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from pydantic import ValidationError
@@ -137,6 +138,9 @@ def rollbacks_waiting_on(namespace: str, session: str) -> list[str]:
 # session.rollback record are both in.
 HELD, SWAPPED = "held", "swapped"
 _here: dict[tuple[str, str], str] = {}
+# (namespace, fork) -> the read of the Session's events through the rollback's target,
+# sent once the hold is placed, while the claim restores (logview.read_target).
+_targets: dict[tuple[str, str], Future[logview.Target]] = {}
 
 
 def swapped_in(namespace: str, fork: str) -> bool:
@@ -148,6 +152,7 @@ def swapped_in(namespace: str, fork: str) -> bool:
 
 def forget_rollback(namespace: str, fork: str) -> None:
     _here.pop((namespace, fork), None)
+    _targets.pop((namespace, fork), None)
 
 
 def held(namespace: str, session: str) -> bool:
@@ -568,6 +573,11 @@ def _rollback(
             # body without the hold, and each later one reads this body or a newer one.
             cache.sessions.put(k8s.patch_custom("sessions", namespace, name, hold))
             _here[(namespace, meta["name"])] = HELD
+        # The events through the target, read while the claim restores: the rollback's
+        # record then folds into the Session's digest, and the pass that starts the Pod
+        # reads no whole log (a list, which waits for the API server's cache).
+        read = partial(logview.read_target, session, event_log(session), plan.through_sequence)
+        _targets[(namespace, meta["name"])] = _steps.submit(read)
 
         def restoring() -> None:
             message = f"rolling session {name} back to {plan.checkpoint} (event {plan.through_sequence})"
@@ -604,7 +614,7 @@ def _rollback(
     elog.seed(cache.chunks.newest(namespace, name))
 
     def record() -> None:
-        elog.append_once(
+        written = elog.append_once(
             "session.rollback",
             {
                 "checkpoint": plan.checkpoint,
@@ -615,16 +625,25 @@ def _rollback(
             after=plan.through_sequence,
             same=lambda e: e.type == "session.rollback" and e.data.get("fork") == meta["uid"],
         )
+        target = _targets.pop((namespace, meta["name"]), None)
+        if written is not None and target is not None and target.done() and target.exception() is None:
+            logview.rolled_back(session, elog, written, target.result())
 
     # 4. Swap the claim in (the checkpoint's expiry is refreshed, and the old claim deleted,
     # once the Session is back). Beside the append: the hold keeps the Pod away until both
-    # are in, and each is safe to repeat if the pass stops between.
+    # are in, and each is safe to repeat if the pass stops between. Beside them too, the
+    # namespace's labels when the copy kept is stale: the Pod's Pod Security check reads
+    # them, and the pass that starts the Pod then waits for no read.
     started = time.monotonic()
     swap = {
         "workspaceClaimName": claim,
         "restore": {"mode": "snapshot", "checkpoint": plan.checkpoint, "throughSequence": plan.through_sequence},
     }
-    _, written = _together(record, lambda: k8s.patch_status("sessions", namespace, name, swap))
+    _, written, _ = _together(
+        record,
+        lambda: k8s.patch_status("sessions", namespace, name, swap),
+        lambda: cache.namespace_meta(namespace),
+    )
     cache.sessions.put(written)
     failpoints.hit("rollback.after_swap")
     # With both in, the Session's pass starts the Pod on the restored claim now, while step

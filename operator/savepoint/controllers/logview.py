@@ -5,8 +5,9 @@ A pass folds only what is newer than the last digest: the newest chunk as the ch
 watch showed it (controllers/cache.py), which costs no request; or, when that chunk does
 not reach back to the digest's end, the events after it, read from the log. The whole log
 is read again only for a Session seen the first time in this process, after a rollback
-(it rewrites the effective history), after an erase or a retention deletion (they change
-events already folded), and in the resync, which reads everything fresh.
+(it rewrites the effective history) unless the rollback read the events through its
+target beforehand (Target, rolled_back), after an erase or a retention deletion (they
+change events already folded), and in the resync, which reads everything fresh.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from savepoint.controllers import cache
 from savepoint.eventlog import SEALED_ANNOTATION, Event, EventLog
-from savepoint.logdigest import Digest
+from savepoint.logdigest import Digest, History, history_through
 from savepoint.sandbox import chunk_index
 
 
@@ -69,6 +70,43 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None, fresh_
     if latest is None or latest.uid != uid or latest.digest.through <= view.digest.through:
         cache.log_views.put(namespace, name, dataclasses.replace(view, tail=()))  # the digest alone: small
     return view
+
+
+@dataclass(frozen=True)
+class Target:
+    """The history of a Session's log through a rollback's toSequence, and the chunk
+    store's stamp when its read started (None: a change was waiting, so it serves nothing)."""
+
+    stamp: int | None
+    history: History
+
+
+def read_target(body: dict, elog: EventLog, through: int) -> Target:
+    """Read the Session's events through `through` (a rollback's target) for rolled_back."""
+    meta = body["metadata"]
+    stamp = cache.chunks.stamp(meta["namespace"], meta["name"])
+    return Target(stamp, history_through(elog.read(1, through, partial=True) if through else [], through))
+
+
+def rolled_back(body: dict, elog: EventLog, event: Event, target: Target) -> bool:
+    """Keep the Session's view as the session.rollback `event`, just written by `elog`,
+    leaves it: the kept digest with the rollback folded onto `target`. The pass that
+    starts the Pod then reads no whole log. Only when the kept digest ends right before
+    `event` and nothing it folded changed since `target` was read; whether it was kept."""
+    meta = body["metadata"]
+    namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
+    held = cache.log_views.get(namespace, name)
+    newest = elog.newest_index
+    if held is None or held.uid != uid or newest is None or target.stamp is None:
+        return False
+    if cache.chunks.stamp(namespace, name) != target.stamp:
+        return False
+    digest = held.digest.roll_back(event, target.history)
+    if digest is None:
+        return False
+    chunks = held.chunks + newest - held.newest
+    cache.log_views.put(namespace, name, LogView(uid, digest, chunks, newest, (), elog.newest_first_seq or 1))
+    return True
 
 
 def _newer_than(chunk: dict | None, version: int) -> bool:
