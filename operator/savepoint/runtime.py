@@ -346,8 +346,12 @@ class Runtime:
         the heartbeat loop instead."""
         if plural == "configmaps" and heartbeat_session(body) is not None:
             heartbeat.observe(event_type, body)  # in memory only: the heartbeat loop writes the status
+            if event_type is not None:
+                cache.chunks.delivered(body)
             return
         CHILD_STORES[plural].observe(event_type, body)
+        if plural == "configmaps" and event_type is not None:
+            cache.chunks.delivered(body)  # after the store has it: admission trusts the store up to it
         if sessions.relisted(plural, event_type, body):
             self.resync_all_after_relist()
         namespace = body["metadata"].get("namespace", "")

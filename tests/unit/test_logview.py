@@ -123,6 +123,56 @@ def test_admission_sees_every_event_appended_before_the_checkpoint_arrived(api):
     assert again.digest.through == 2 and reads(api) == []
 
 
+def test_the_chunk_watch_past_the_checkpoint_serves_its_admission(api):
+    """The chunk watch delivers in resourceVersion order: once it has delivered any
+    Session's chunk at least as new as the Checkpoint, every append made before the
+    Checkpoint is in the store, and admission reads nothing. Until then it reads."""
+
+    def made() -> int:  # a Checkpoint made now: its resourceVersion
+        return int(api.create("checkpoints", "ns", {"metadata": {"name": f"c{time.monotonic_ns()}"}})
+                   ["metadata"]["resourceVersion"])
+
+    def delivered(name: str) -> None:  # the watch delivers the chunk as it is now, as the runtime does
+        body = api.get("configmaps", "ns", name)
+        cache.chunks.observe("MODIFIED", body)
+        cache.chunks.delivered(body)
+
+    log = EventLog(api.core(), "ns", "s")
+    log.append("run.started", {"runId": "r1"})
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"))
+    hook = eventlog.on_chunk
+    eventlog.on_chunk = None  # the harness writes, in its own process
+    log.append("run.completed", {"runId": "r1"})
+    EventLog(api.core(), "ns", "t").append("message", {"n": 1})
+    eventlog.on_chunk = hook
+    delivered("s-log-000001")  # older than the Checkpoint made next
+    first = made()
+    api.requests.clear()
+    view = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), time.monotonic(), first)
+    assert reads(api) == ["get s-log-000001"] and view.digest.through == 2
+
+    eventlog.on_chunk = None
+    log.append("message", {"n": 3})
+    eventlog.on_chunk = hook
+    delivered("s-log-000001")
+    second = made()
+    eventlog.on_chunk = None
+    EventLog(api.core(), "ns", "t").append("message", {"n": 2})  # another Session's, after it
+    eventlog.on_chunk = hook
+    delivered("t-log-000001")
+    assert cache.chunks.delivered_through("ns") > second
+    api.requests.clear()
+    view = logview.observe(SESSION, EventLog(api.core(), "ns", "s"), time.monotonic(), second)
+    assert reads(api) == [] and view.digest.through == 3
+    assert not view.digest.summary()["run_in_flight"]
+
+    third = made()  # after everything the watch delivered
+    api.requests.clear()
+    logview.observe(SESSION, EventLog(api.core(), "ns", "s"), time.monotonic(), third)
+    assert reads(api) == ["get s-log-000001"]
+    assert cache.chunks.delivered_through("other") == 0  # per namespace
+
+
 def test_our_own_append_sent_after_the_checkpoint_arrived_serves_its_admission(api):
     """A write lands only on the newest chunk, and its answer is that chunk as it was after
     the write was sent: the admission of a checkpoint that arrived before then reads nothing.

@@ -485,3 +485,28 @@ def test_a_pod_whose_deletion_the_watch_showed_is_not_read_again(monkeypatch):
     cache.pods.forget("ns", "s")
     assert cache.pod("ns", "s") is None and reads == ["s", "s"]
     cache.clear()
+
+
+def test_the_chunk_watch_s_events_mark_how_far_the_store_is_current():
+    """Every ConfigMap watch event (a chunk's or a heartbeat's) moves the namespace's mark
+    to its version, once the store holds it; a listed object (no event type) and other
+    kinds do not: a listing comes in no particular order."""
+    from savepoint.controllers import cache
+    from savepoint.session import SESSION_LABEL
+
+    cache.clear()
+    runtime = _memo().runtime
+
+    def body(name: str, version: int) -> dict:
+        return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": str(version),
+                             "labels": {SESSION_LABEL: "s"}, "uid": f"u-{name}"}, "data": {}}
+
+    runtime.observe_child("configmaps", None, body("s-log-000001", 7))
+    assert cache.chunks.delivered_through("ns") == 0 and cache.chunks.newest("ns", "s") is not None
+    runtime.observe_child("configmaps", "MODIFIED", body("s-log-000001", 9))
+    assert cache.chunks.delivered_through("ns") == 9
+    runtime.observe_child("configmaps", "MODIFIED", body("s-heartbeat", 12))
+    assert cache.chunks.delivered_through("ns") == 12
+    runtime.observe_child("pods", "MODIFIED", body("s", 20))
+    assert cache.chunks.delivered_through("ns") == 12
+    cache.clear()

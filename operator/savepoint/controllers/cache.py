@@ -160,6 +160,8 @@ class Chunks:
         self._changed: set[Key] = set()
         self._stamps: dict[Key, int] = {}  # a number new to each change flagged (stamp())
         self._read_at: dict[Key, float] = {}  # when our last read of the newest chunk started
+        # Namespace -> the newest resourceVersion its chunk watch delivered (delivered()).
+        self._delivered: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def observe(self, event_type: str | None, body: dict) -> None:
@@ -243,6 +245,20 @@ class Chunks:
             key = (namespace, session)
             return self._read_at.get(key) if key in self._newest else None
 
+    def delivered(self, body: dict) -> None:
+        """The chunk watch delivered (and the store holds) an event of `body`, a ConfigMap
+        of a Session, chunk or not. A watch delivers its events in resourceVersion order,
+        so every change to the namespace's chunks at an older version is in the store."""
+        namespace = body["metadata"].get("namespace", "")
+        with self._lock:
+            self._delivered[namespace] = max(version(body), self._delivered.get(namespace, 0))
+
+    def delivered_through(self, namespace: str) -> int:
+        """The newest version the namespace's chunk watch delivered (0: none yet): the
+        store shows every chunk of it as it stood at that version, or newer."""
+        with self._lock:
+            return self._delivered.get(namespace, 0)
+
     def take_changed(self, namespace: str, session: str) -> bool:
         """Whether what a digest folded may have changed since the last call."""
         with self._lock:
@@ -257,6 +273,7 @@ class Chunks:
             self._changed.clear()
             self._stamps.clear()
             self._read_at.clear()
+            self._delivered.clear()
 
     def __len__(self) -> int:
         return len(self._newest)

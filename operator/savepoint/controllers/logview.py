@@ -51,13 +51,15 @@ def observe(body: dict, elog: EventLog, fresh_after: float | None = None, fresh_
     after a checkpoint arrived spares that checkpoint's admission its read. So does a copy
     of the newest chunk, unsealed, whose resourceVersion is at least `fresh_version` (the
     Checkpoint's): it was written after the Checkpoint was made, and no newer chunk can
-    exist before this one is sealed.
+    exist before this one is sealed. So does the chunk watch, once it has delivered any
+    event at least that new: it delivers in order, so the store already holds every
+    append made before the Checkpoint.
     """
     meta = body["metadata"]
     namespace, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
     changed = cache.chunks.take_changed(namespace, name)
     held: LogView | None = cache.log_views.get(namespace, name) if cache.in_use() and not changed else None
-    if fresh_after is not None and fresh_version and _newer_than(cache.chunks.newest(namespace, name), fresh_version):
+    if fresh_after is not None and fresh_version and _fresh_in_store(namespace, name, fresh_version):
         fresh_after = None
     view = _fold(held, elog, namespace, name, fresh_after) if held is not None and held.uid == uid else None
     if view is None:
@@ -109,8 +111,14 @@ def rolled_back(body: dict, elog: EventLog, event: Event, target: Target) -> boo
     return True
 
 
-def _newer_than(chunk: dict | None, version: int) -> bool:
-    """Whether this copy of the newest chunk is unsealed and written at or after `version`."""
+def _fresh_in_store(namespace: str, session: str, version: int) -> bool:
+    """Whether the chunk store shows the session's log at least as it stood at `version`:
+    the namespace's chunk watch has delivered an event that new (under a burst, another
+    session's append soon is), or the newest chunk held is unsealed and written at or after
+    `version` (no newer chunk can exist before it is sealed)."""
+    if cache.chunks.delivered_through(namespace) >= version:
+        return True
+    chunk = cache.chunks.newest(namespace, session)
     if chunk is None or cache.version(chunk) < version:
         return False
     return (chunk["metadata"].get("annotations") or {}).get(SEALED_ANNOTATION) != "true"
