@@ -177,6 +177,23 @@ def status_message(err: ApiException) -> str:
         return str(err.reason or err)
 
 
+def namespace_terminating(err: BaseException | None) -> bool:
+    """Whether an error, or one it was raised from, is the API server refusing to create
+    anything in a namespace that is being deleted (403, cause NamespaceTerminating)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ApiException) and err.status == 403:
+            try:
+                causes = json.loads(cast(str, err.body))["details"]["causes"]
+            except (TypeError, ValueError, KeyError):
+                causes = []
+            if any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating" for c in causes):
+                return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 _RAISE: Any = object()
 # The codes the API server answers when it refuses an object as written (bad field, failed schema or CEL rule).
 REFUSED = (400, 422)

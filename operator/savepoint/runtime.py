@@ -28,7 +28,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +75,8 @@ RESYNC_RETRY_SECONDS = 30.0
 RELIST_RESYNC_GAP_SECONDS = 60.0
 # How often freed heap memory is handed back to the OS (savepoint.memory).
 RELEASE_MEMORY_SECONDS = 30.0
+# A namespace being deleted is said in the log at most once per this many seconds.
+TERMINATING_NOTE_SECONDS = 300.0
 
 
 # What an admission thread is filed for a Checkpoint being deleted that still has kopf's finalizer.
@@ -100,6 +104,29 @@ class SnapshotSettled:
     """What an admission thread is filed for a Checkpoint whose VolumeSnapshot is ready or failed."""
 
     snapshot: dict
+
+
+_terminating_noted: dict[str, float] = {}
+
+
+@contextmanager
+def a_pass(kind: str, namespace: str) -> Iterator[None]:
+    """One counted pass (metrics.count_errors). A pass the API server refuses because the
+    namespace is being deleted is no error: deleting a namespace deletes the Pods and
+    claims before the Sessions, and the passes their events ask for would re-create them.
+    It ends quietly; the deletion of the objects themselves follows, as watch events."""
+    with count_errors(kind):
+        try:
+            yield
+        except Exception as err:
+            if not k8s.namespace_terminating(err):
+                raise
+            now = time.monotonic()
+            if now - _terminating_noted.get(namespace, float("-inf")) >= TERMINATING_NOTE_SECONDS:
+                for gone in [ns for ns, at in _terminating_noted.items() if now - at >= TERMINATING_NOTE_SECONDS]:
+                    del _terminating_noted[gone]
+                _terminating_noted[namespace] = now
+                log.info("namespace %s is being deleted: nothing more is made in it", namespace)
 
 
 def pending_poll_seconds(settings: Settings) -> float:
@@ -201,7 +228,7 @@ class Runtime:
         # look says standby: a replica that has just taken over must not drop it.
         if not peering.last_known(self.settings) and not peering.is_active(self.settings):
             return  # this replica stood down meanwhile: the active one resumes the checkpoint
-        with count_errors("checkpoint"):
+        with a_pass("checkpoint", key[0]):
             if isinstance(seen, str):  # RELEASE
                 checkpoint.release(*key)
             elif isinstance(seen, tuple):  # (its snapshot, its uid): the Checkpoint is gone
@@ -290,7 +317,7 @@ class Runtime:
             if key in self.admissions:
                 return  # its pass is on its way: a poll would only read a snapshot not made yet
             try:
-                with count_errors("checkpoint"):
+                with a_pass("checkpoint", key[0]):
                     checkpoint.poll_pending(*key, self.settings)
             except Exception:  # counted; the next poll (or watch event) tries again
                 log.exception("polling checkpoint %s/%s", *key)
@@ -387,7 +414,7 @@ class Runtime:
 
     def session_pass(self, namespace: str, name: str, **options: Any) -> None:
         """One Session pass (controllers/session.reconcile_session's options)."""
-        with count_errors("session"):
+        with a_pass("session", namespace):
             sessions.reconcile_session(namespace, name, self.settings, timers=self.idle_timers, **options)
 
     def observe_session(self, event_type: str | None, body: dict) -> None:
@@ -488,7 +515,8 @@ class Runtime:
                     self.fork_passes.file(key)
 
     def fork_pass(self, namespace: str, name: str) -> None:
-        with count_errors("fork"):
+        handed_back = None
+        with a_pass("fork", namespace):
             handed_back = fork.reconcile_fork(
                 namespace, name, self.settings, swapped=lambda session: self.session_passes.file((namespace, session))
             )

@@ -138,6 +138,33 @@ def test_deleting_the_session_removes_pod_claim_and_log(ready_session, core, crd
     wait_for(all_gone, timeout=90, what="Pod, claim and log chunks of a deleted session to go")
 
 
+
+def test_deleting_the_namespace_ends_its_sessions_without_errors(operator, crds, core, namespace):
+    """Deleting a namespace deletes its Pods and claims before its Sessions: the passes
+    their events ask for are refused (403 NamespaceTerminating) and must end quietly, not
+    log a traceback per Session and retry."""
+    for i in range(4):
+        make_session(crds, namespace, f"s{i}")
+    for i in range(4):
+        wait_phase(crds, namespace, f"s{i}", "Ready")
+    logged = operator.log_path.stat().st_size
+    core.delete_namespace(namespace)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(namespace)
+        except client.ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, timeout=120, what=f"namespace {namespace} to go")
+    with open(operator.log_path, errors="replace") as log:
+        log.seek(logged)
+        lines = [line for line in log if namespace in line]
+    assert not [line for line in lines if " ERROR " in line], lines
+    assert any(f"namespace {namespace} is being deleted" in line for line in lines), lines
+
+
 def test_corrupt_log_gives_a_condition_and_spares_other_sessions(ready_session, core, crds, namespace):
     make_session(crds, namespace, "s2")
     wait_phase(crds, namespace, "s2", "Ready")
