@@ -102,8 +102,8 @@ def connect(pool: int = 0) -> client.ApiClient:
 
 
 def apiserver_requests_by_kind(api: client.ApiClient) -> dict[str, float]:
-    """The API server's apiserver_request_total, all clients, per "VERB resource[/subresource]":
-    watches and non-resource requests (the /metrics scrape itself) left out."""
+    """The API server's apiserver_request_total, all clients, per "VERB resource[/subresource]"
+    (with the code when it is not a 2xx): watches and non-resource requests (the /metrics scrape itself) left out."""
     resp = api.call_api(*api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"]))
     resp.read()
     counts: dict[str, float] = {}
@@ -115,6 +115,8 @@ def apiserver_requests_by_kind(api: client.ApiClient) -> dict[str, float]:
             continue
         sub = "/" + labels["subresource"] if labels.get("subresource") else ""
         kind = f"{labels['verb']} {labels['resource']}{sub}"
+        if not labels.get("code", "2").startswith("2"):  # conflicts, not-founds: work done again or for nothing
+            kind += f" {labels['code']}"
         counts[kind] = counts.get(kind, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
 

@@ -125,8 +125,9 @@ class Settings:
     # watch knows falls due, and at least this often (a full listing only at start-up and
     # take-over).
     expiry_interval_seconds: float = field(default_factory=lambda: _float("EXPIRY_INTERVAL_SECONDS", "5"))
-    # Threads that expire checkpoints falling due at once (an expiry storm), each sending
-    # its two requests in turn; the API rate limit, not this, should pace a storm.
+    # Threads that expire checkpoints falling due at once (an expiry storm): every snapshot's
+    # deletion first, then every Expired status write; the API rate limit, not this, should
+    # pace a storm.
     expiry_workers: int = field(default_factory=lambda: _int("EXPIRY_WORKERS", "16"))
     # Interval of the safety re-reconcile of every Session, in seconds (watch events drive
     # the rest; each resync is a pass of about 5 requests, so sessions / interval passes

@@ -394,6 +394,45 @@ def test_an_expiry_asks_for_the_snapshots_deletion_and_writes_expired_and_nothin
     assert api.events == []
 
 
+def test_a_storm_asks_for_every_deletion_before_any_expired_write(api):
+    """The CSI stack deletes at its own pace once asked: a storm hands it every deletion
+    first, then writes the statuses, each under its checkpoint's lock until written."""
+    from savepoint.controllers import object_lock
+    from savepoint.controllers.expiry import ExpiryQueue, drain
+
+    world(api, session("Ready"), ["message"])
+    names = [f"cp{i}" for i in range(5)]
+    past = rfc3339(datetime.now(UTC) - timedelta(seconds=1))
+    queue = ExpiryQueue()
+    for name in names:
+        api.add("checkpoints", checkpoint(name))
+        reconcile_checkpoint(NS, name, SETTINGS)
+        _ready_snapshot(api, f"sp-{name}")
+        reconcile_checkpoint(NS, name, SETTINGS)
+        api.patch("checkpoints", NS, name, {"status": {"expiresAt": past}}, status=True)
+        queue.observe("MODIFIED", api.get("checkpoints", NS, name))
+    api.requests.clear()
+    assert drain(Settings(hooks=False, expiry_workers=1), queue)["expired"] == 5  # one thread: a fixed order
+    sent = [(r.verb, r.kind) for r in api.requests]
+    assert sent == [("delete", "volumesnapshots")] * 5 + [("patch_status", "checkpoints")] * 5
+    assert all(status(api, name)["phase"] == "Expired" for name in names)
+    assert not any(object_lock("checkpoint", NS, name).locked() for name in names)
+
+
+def test_a_failed_deletion_leaves_the_checkpoint_ready_unlocked_and_queued(api):
+    from savepoint.controllers import object_lock
+    from savepoint.controllers.expiry import ExpiryQueue, drain
+
+    _ready_and_overdue(api)
+    queue = ExpiryQueue()
+    queue.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
+    api.fail("delete", "volumesnapshots", 500)
+    assert drain(SETTINGS, queue)["expired"] == 0
+    assert status(api)["phase"] == "Ready" and not object_lock("checkpoint", NS, "cp").locked()
+    assert drain(SETTINGS, queue)["expired"] == 1  # put back, and expired at the next pass
+    assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
+
+
 def test_an_expiry_taken_before_a_rollback_moved_expiresat_keeps_the_checkpoint(api):
     """A storm's entry waits for a worker; a rollback refreshes the checkpoint's clock
     meanwhile, through the queue: the worker finds it not due and deletes nothing."""
@@ -405,12 +444,12 @@ def test_an_expiry_taken_before_a_rollback_moved_expiresat_keeps_the_checkpoint(
     [key], _ = expiry.clocks.take_due(datetime.now(UTC), SETTINGS.expired_grace)
 
     _refresh_expiry(NS, "cp", SETTINGS)  # no watch event delivered yet
-    assert not expiry._expire_due(key, SETTINGS, expiry.clocks)
+    assert expiry.expire_due([key], SETTINGS, expiry.clocks) == 0
     assert status(api)["phase"] == "Ready" and "sp-cp" in api.names("volumesnapshots")
     # Without the refresh, the copy the watch gave says due, and the worker expires it.
     api.patch("checkpoints", NS, "cp", {"status": {"expiresAt": past}}, status=True)
     expiry.clocks.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
-    assert expiry._expire_due(key, SETTINGS, expiry.clocks)
+    assert expiry.expire_due([key], SETTINGS, expiry.clocks) == 1
     assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
 
 

@@ -126,7 +126,7 @@ def test_a_storm_is_expired_on_as_many_threads_as_configured(monkeypatch):
     import threading
 
     from savepoint.config import Settings
-    from savepoint.controllers.expiry import _count_done
+    from savepoint.controllers.expiry import _in_pool
 
     monkeypatch.setenv("SAVEPOINT_EXPIRY_WORKERS", "6")
     workers = Settings().expiry_workers
@@ -137,7 +137,7 @@ def test_a_storm_is_expired_on_as_many_threads_as_configured(monkeypatch):
         return True
 
     assert workers == 6
-    assert _count_done(expire_one, list(range(2 * workers)), workers) == 2 * workers
+    assert sum(_in_pool(expire_one, list(range(2 * workers)), workers)) == 2 * workers
 
 
 def test_due_action_reads_one_body():

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,18 +31,25 @@ def _now() -> datetime:
 
 
 def expire(body: dict) -> None:
-    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure).
+    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure)."""
+    ask_deletion(body)
+    record_expired(body)
 
-    It does not wait for the snapshot to go: the deletion is asked for (the snapshot
-    controller finishes it, and the Checkpoint's finalizer waits for it if the Checkpoint
-    is deleted), so a storm of expiries costs one round of requests each. No Event: the
-    status says it (phase, reason, message, the Ready condition), as for Ready, and an
-    Event was one of each expiry's four requests.
-    """
+
+def ask_deletion(body: dict) -> None:
+    """Ask for the deletion of an overdue checkpoint's snapshot, without waiting for it (the
+    snapshot controller finishes it, and the garbage collector takes it if the Checkpoint is
+    deleted meanwhile). Gone already is fine."""
     meta, status = body["metadata"], body.get("status") or {}
-    vs_name = status.get("volumeSnapshotName")
-    if vs_name:
-        k8s.request_volume_snapshot_deletion(meta["namespace"], vs_name)
+    if status.get("volumeSnapshotName"):
+        k8s.request_volume_snapshot_deletion(meta["namespace"], status["volumeSnapshotName"])
+
+
+def record_expired(body: dict) -> None:
+    """Write Expired once the snapshot's deletion is asked for. No Event: the status says it
+    (phase, reason, message, the Ready condition), as for Ready, and an Event was one of each
+    expiry's four requests."""
+    status = body.get("status") or {}
     message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
     metrics.expiries.inc()
     write_status(
@@ -189,50 +197,88 @@ def refreshed(body: dict | None) -> None:
         clocks.observe("MODIFIED", body)
 
 
-def _expire_logged(body: dict) -> bool:
-    meta = body["metadata"]
-    try:
-        # Never beside a reconcile pass of the same checkpoint: a pass that is creating the
-        # snapshot would re-create what this deletes, or write Ready over Expired.
-        with object_lock("checkpoint", meta["namespace"], meta["name"]):
-            expire(body)
-    except Exception:  # one bad object must not stop the sweep
-        log.exception("expiring checkpoint %s/%s", body["metadata"]["namespace"], body["metadata"]["name"])
-        return False
-    return True
+Key = tuple[str, str]
 
 
-def _expire_due(key: tuple[str, str], settings: Settings, queue: ExpiryQueue) -> bool:
-    """Expire one checkpoint the queue says is due, as its newest copy is now: a storm's
-    entry may wait minutes for a worker, and a rollback can move expiresAt meanwhile (it
-    does so under the same lock, writing through the queue). One that fails goes back in
-    the queue, for the next pass."""
+@dataclass
+class _Asked:
+    """A checkpoint whose snapshot's deletion was asked for: its Expired status is still to
+    write, and its lock is held until then."""
+
+    key: Key
+    body: dict
+    lock: threading.Lock
+
+
+def _ask(key: Key, body_now: Callable[[], dict | None], put_back: Callable[[dict], None]) -> _Asked | None:
+    """The first round of one expiry: under the checkpoint's lock, its body as it is now
+    (None: not to expire after all), then its snapshot's deletion. The lock stays held
+    until record() has written Expired: never beside a reconcile pass of the same
+    checkpoint, which could re-create what this deletes or write Ready over Expired, nor
+    beside a rollback's refresh of its expiresAt."""
+    lock = object_lock("checkpoint", *key)
+    lock.acquire()
     body = None
     try:
-        with object_lock("checkpoint", *key):
-            body = queue.latest(key)
-            if body is None or queue.due_action(body, _now(), settings.expired_grace) != "expire":
-                return False  # deleted, moved on, or given a later expiresAt meanwhile
-            expire(body)
-            return True
-    except Exception:  # one bad object must not stop the sweep
+        body = body_now()
+        if body is not None:
+            ask_deletion(body)
+            return _Asked(key, body, lock)
+    except Exception:  # one bad object must not stop the storm
         log.exception("expiring checkpoint %s/%s", *key)
-    clock = queue.clock(body) if body is not None else None
-    if clock is not None:
-        queue.put_back(key, clock)
-    return False
+        if body is not None:
+            put_back(body)
+    lock.release()
+    return None
 
 
-def _count_done(expire_one: Callable[[Any], bool], due: list, workers: int) -> int:
-    """Run expire_one over due (one inline, more on `workers` threads); how many succeeded.
+def _record(asked: _Asked, put_back: Callable[[dict], None]) -> bool:
+    """The second round of one expiry: its Expired status, then its lock released."""
+    try:
+        record_expired(asked.body)
+        return True
+    except Exception:
+        log.exception("expiring checkpoint %s/%s", *asked.key)
+        put_back(asked.body)
+        return False
+    finally:
+        asked.lock.release()
 
-    A storm of thousands due at once runs in parallel, while the client's rate limiter
-    (SAVEPOINT_API_QPS) caps the request rate.
+
+def _in_pool(work: Callable[[Any], Any], items: list, workers: int) -> list:
+    """work over items: one inline, more on `workers` threads, while the client's rate limiter
+    (SAVEPOINT_API_QPS) caps the request rate."""
+    if len(items) <= 1 or workers <= 1:
+        return list(map(work, items))
+    with ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="checkpoint-expiry") as pool:
+        return list(pool.map(work, items))
+
+
+def expire_all(
+    keys: list[Key],
+    body_now: Callable[[Key], dict | None],
+    put_back: Callable[[Key, dict], None],
+    workers: int,
+) -> int:
+    """Expire checkpoints that fell due together, in two rounds: every snapshot's deletion,
+    then every Expired status write; how many were expired.
+
+    Deletions first, because a storm's end is the CSI stack's: it deletes the snapshots at
+    its own pace once they are asked for, and a status write costs the API server a
+    fraction of what one deletion costs it (docs/performance.md). An expiry that sent its
+    two requests in turn, under the client's rate limit, handed the CSI stack its last
+    deletions only as the last status writes went: the stack then trailed by a backlog.
+    `body_now(key)` gives a checkpoint as it is now under its lock (None: leave it);
+    `put_back(key, body)` returns a failed one to its queue.
     """
-    if len(due) <= 1 or workers <= 1:
-        return sum(map(expire_one, due))
-    with ThreadPoolExecutor(min(workers, len(due)), thread_name_prefix="checkpoint-expiry") as pool:
-        return sum(pool.map(expire_one, due))
+    unique = list(dict.fromkeys(keys))  # a lock held across the rounds must be taken once
+    asked = _in_pool(lambda key: _ask(key, lambda: body_now(key), lambda body: put_back(key, body)), unique, workers)
+    held = [a for a in asked if a is not None]
+    return sum(_in_pool(lambda a: _record(a, lambda body: put_back(a.key, body)), held, workers))
+
+
+def _key(body: dict) -> Key:
+    return body["metadata"]["namespace"], body["metadata"]["name"]
 
 
 def sweep(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -> dict[str, int]:
@@ -250,7 +296,8 @@ def sweep(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -
             elif action == "delete":
                 k8s.delete_custom("checkpoints", body["metadata"]["namespace"], body["metadata"]["name"])
                 counts["deleted"] += 1
-    counts["expired"] += _count_done(_expire_logged, due, settings.expiry_workers)
+    listed = {_key(body): body for body in due}
+    counts["expired"] += expire_all(list(listed), listed.get, lambda key, body: None, settings.expiry_workers)
     return counts
 
 
@@ -262,6 +309,32 @@ def drain(settings: Settings, queue: ExpiryQueue, now: datetime | None = None) -
     for namespace, name in to_delete:
         k8s.delete_custom("checkpoints", namespace, name)
         counts["deleted"] += 1
-    expire_one = lambda key: _expire_due(key, settings, queue)  # noqa: E731
-    counts["expired"] += _count_done(expire_one, to_expire, settings.expiry_workers)
+    counts["expired"] += expire_due(to_expire, settings, queue)
     return counts
+
+
+def expire_due(keys: list[Key], settings: Settings, queue: ExpiryQueue) -> int:
+    """Expire checkpoints the queue said are due, each as its newest copy is now."""
+    return expire_all(
+        keys,
+        lambda key: _due_now(key, settings, queue),
+        lambda key, body: _put_back(queue, key, body),
+        settings.expiry_workers,
+    )
+
+
+def _due_now(key: Key, settings: Settings, queue: ExpiryQueue) -> dict | None:
+    """The newest copy of a checkpoint the queue said is due, if it is due still: a storm's
+    entry may wait minutes for a worker, and a rollback can move expiresAt meanwhile (it
+    does so under the same lock, writing through the queue)."""
+    body = queue.latest(key)
+    if body is None or queue.due_action(body, _now(), settings.expired_grace) != "expire":
+        return None  # deleted, moved on, or given a later expiresAt meanwhile
+    return body
+
+
+def _put_back(queue: ExpiryQueue, key: Key, body: dict) -> None:
+    """A failed expiry goes back in the queue, for the next pass."""
+    clock = queue.clock(body)
+    if clock is not None:
+        queue.put_back(key, clock)
