@@ -11,7 +11,6 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,12 +27,6 @@ log = logging.getLogger(__name__)
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def expire(body: dict) -> None:
-    """Delete the snapshot of an overdue Ready checkpoint and mark it Expired (raises on failure)."""
-    ask_deletion(body)
-    record_expired(body)
 
 
 def ask_deletion(body: dict) -> None:
@@ -200,49 +193,44 @@ def refreshed(body: dict | None) -> None:
 Key = tuple[str, str]
 
 
-@dataclass
-class _Asked:
-    """A checkpoint whose snapshot's deletion was asked for: its Expired status is still to
-    write, and its lock is held until then."""
-
-    key: Key
-    body: dict
-    lock: threading.Lock
+BodyNow = Callable[[Key], dict | None]
+PutBack = Callable[[Key, dict], None]
 
 
-def _ask(key: Key, body_now: Callable[[], dict | None], put_back: Callable[[dict], None]) -> _Asked | None:
+def _ask(key: Key, body_now: BodyNow, put_back: PutBack) -> tuple[Key, dict] | None:
     """The first round of one expiry: under the checkpoint's lock, its body as it is now
     (None: not to expire after all), then its snapshot's deletion. The lock stays held
-    until record() has written Expired: never beside a reconcile pass of the same
+    until _record() has written Expired: never beside a reconcile pass of the same
     checkpoint, which could re-create what this deletes or write Ready over Expired, nor
     beside a rollback's refresh of its expiresAt."""
     lock = object_lock("checkpoint", *key)
     lock.acquire()
     body = None
     try:
-        body = body_now()
+        body = body_now(key)
         if body is not None:
             ask_deletion(body)
-            return _Asked(key, body, lock)
+            return key, body
     except Exception:  # one bad object must not stop the storm
         log.exception("expiring checkpoint %s/%s", *key)
         if body is not None:
-            put_back(body)
+            put_back(key, body)
     lock.release()
     return None
 
 
-def _record(asked: _Asked, put_back: Callable[[dict], None]) -> bool:
+def _record(asked: tuple[Key, dict], put_back: PutBack) -> bool:
     """The second round of one expiry: its Expired status, then its lock released."""
+    key, body = asked
     try:
-        record_expired(asked.body)
+        record_expired(body)
         return True
     except Exception:
-        log.exception("expiring checkpoint %s/%s", *asked.key)
-        put_back(asked.body)
+        log.exception("expiring checkpoint %s/%s", *key)
+        put_back(key, body)
         return False
     finally:
-        asked.lock.release()
+        object_lock("checkpoint", *key).release()
 
 
 def _in_pool(work: Callable[[Any], Any], items: list, workers: int) -> list:
@@ -254,12 +242,7 @@ def _in_pool(work: Callable[[Any], Any], items: list, workers: int) -> list:
         return list(pool.map(work, items))
 
 
-def expire_all(
-    keys: list[Key],
-    body_now: Callable[[Key], dict | None],
-    put_back: Callable[[Key, dict], None],
-    workers: int,
-) -> int:
+def expire_all(keys: list[Key], body_now: BodyNow, put_back: PutBack, workers: int) -> int:
     """Expire checkpoints that fell due together, in two rounds: every snapshot's deletion,
     then every Expired status write; how many were expired.
 
@@ -272,9 +255,9 @@ def expire_all(
     `put_back(key, body)` returns a failed one to its queue.
     """
     unique = list(dict.fromkeys(keys))  # a lock held across the rounds must be taken once
-    asked = _in_pool(lambda key: _ask(key, lambda: body_now(key), lambda body: put_back(key, body)), unique, workers)
+    asked = _in_pool(lambda key: _ask(key, body_now, put_back), unique, workers)
     held = [a for a in asked if a is not None]
-    return sum(_in_pool(lambda a: _record(a, lambda body: put_back(a.key, body)), held, workers))
+    return sum(_in_pool(lambda a: _record(a, put_back), held, workers))
 
 
 def _key(body: dict) -> Key:
