@@ -126,6 +126,86 @@ def apiserver_requests(api: client.ApiClient) -> float:
     return sum(apiserver_requests_by_kind(api).values())
 
 
+class ApiServerProfile:
+    """The API server's CPU from start() to stop(), split by what it served: CPU profiles
+    taken back to back from its /debug/pprof (admin only; hack/cluster turns it on), each
+    sample counted under the first of KINDS whose frames its stack holds all of. Needs `go`
+    (`go tool pprof` reads the profiles)."""
+
+    KINDS = (  # (kind, frames); a kind may come more than once, the first match wins
+        ("garbage collection", ("runtime.gcBgMarkWorker",)),
+        ("garbage collection", ("runtime.bgsweep",)),
+        ("PATCH of a status", ("(*patcher).patchResource", "StatusREST).Update")),
+        ("PATCH", ("(*patcher).patchResource",)),
+        ("PUT of a status", ("UpdateResource", "StatusREST).Update")),
+        ("PUT", ("UpdateResource",)),
+        ("POST", ("createHandler",)),
+        ("DELETE", ("DeleteResource",)),
+        ("GET", ("GetResource",)),
+        ("LIST and WATCH", ("ListResource",)),
+        ("the watch cache", ("storage/etcd3.(*watchChan)",)),
+        ("the watch cache", ("storage/cacher.",)),
+        ("the etcd client", ("go.etcd.io/etcd/client",)),
+        ("the etcd client", ("google.golang.org/grpc",)),
+        ("HTTP outside the handlers", ("net/http",)),
+        ("HTTP outside the handlers", ("x/net/http2",)),
+        ("HTTP outside the handlers", ("(*timeoutHandler)",)),
+    )
+    CHUNK = 10  # seconds per profile: stop() waits for the one running
+
+    def __init__(self, api: client.ApiClient, name: str) -> None:
+        self.api, self.stem = api, REPO / ".run" / f"{name}.apiserver"
+        self.paths: list[Path] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._record, daemon=True)
+
+    def start(self) -> ApiServerProfile:
+        self._thread.start()
+        return self
+
+    def _record(self) -> None:
+        while not self._stopped.is_set():
+            resp = self.api.call_api(*self.api.param_serialize(
+                "GET", "/debug/pprof/profile", query_params=[("seconds", self.CHUNK)], auth_settings=["BearerToken"]))
+            resp.read()
+            if resp.status != 200:
+                say(f"no API server profile: {resp.status} (is kube-apiserver run with --profiling?)")
+                return
+            path = self.stem.with_name(f"{self.stem.name}.{len(self.paths)}.pprof")
+            path.write_bytes(resp.data)
+            self.paths.append(path)
+
+    def stop(self, label: str, n: int) -> dict[str, float]:
+        """Print the API server's CPU per operation by kind ("other" for the rest); seconds by kind."""
+        self._stopped.set()
+        self._thread.join()
+        if not self.paths:
+            return {}
+        out = subprocess.run(["go", "tool", "pprof", "-traces", *map(str, self.paths)],
+                             capture_output=True, text=True, check=True).stdout
+        seconds = self.split(out)
+        total = sum(seconds.values()) or 1.0
+        parts = sorted(((v, k) for k, v in seconds.items()), reverse=True)
+        say(f"  {label}: kube-apiserver profile, CPU per operation {total * 1000 / n:.1f} ms: "
+            + ", ".join(f"{k} {v * 1000 / n:.1f} ({v / total:.0%})" for v, k in parts))
+        return seconds
+
+    @classmethod
+    def split(cls, traces: str) -> dict[str, float]:
+        """`go tool pprof -traces` output: blocks of "<time> <leaf frame>" then its callers."""
+        seconds: dict[str, float] = {}
+        for block in traces.split("-----------+")[1:]:
+            lines = [line.strip() for line in block.splitlines()[1:] if line.strip()]
+            head = re.match(r"([\d.]+)(ms|s|us)\s+(.*)", lines[0]) if lines else None
+            if not head:
+                continue
+            took = float(head[1]) * {"ms": 1e-3, "s": 1.0, "us": 1e-6}[head[2]]
+            stack = " ".join([head[3], *lines[1:]])
+            kind = next((k for k, frames in cls.KINDS if all(f in stack for f in frames)), "other")
+            seconds[kind] = seconds.get(kind, 0.0) + took
+        return seconds
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, all its threads (fields 14 and 15 of /proc/<pid>/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
