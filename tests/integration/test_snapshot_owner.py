@@ -15,13 +15,33 @@ from tests.integration.test_session import make_session, wait_phase
 PAUSE = "checkpoint.before_snapshot_created"
 
 
-def record_snapshot_events(crds, namespace: str, seen: list[tuple[str, str]]) -> None:
-    """Every ADDED and DELETED VolumeSnapshot of the namespace, however short-lived."""
-    stream = watch.Watch().stream(
-        crds.list_namespaced_custom_object, *SNAP, namespace, "volumesnapshots", timeout_seconds=240
-    )
-    for event in stream:
-        seen.append((event["type"], event["object"]["metadata"]["name"]))
+class SnapshotEvents:
+    """Every ADDED and DELETED VolumeSnapshot of the namespace, however short-lived, seen by
+    a watch in a thread until stop(), which closes its stream and waits for the thread."""
+
+    def __init__(self, crds, namespace: str) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self._watch = watch.Watch()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._record, args=(crds, namespace), daemon=True)
+        self._thread.start()
+
+    def _record(self, crds, namespace: str) -> None:
+        stream = self._watch.stream(
+            crds.list_namespaced_custom_object, *SNAP, namespace, "volumesnapshots", timeout_seconds=240
+        )
+        try:
+            for event in stream:
+                self.seen.append((event["type"], event["object"]["metadata"]["name"]))
+        except Exception:
+            if not self._stopped.is_set():  # a stream closed by stop() ends with an error; that is ours
+                raise
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._watch.stop()
+        self._thread.join(timeout=10)
+        assert not self._thread.is_alive(), "the snapshot watch did not stop"
 
 
 def contents_of(crds, namespace: str, snapshot: str) -> list[str]:
@@ -38,9 +58,7 @@ def contents_of(crds, namespace: str, snapshot: str) -> list[str]:
 def test_a_snapshot_made_after_its_checkpoint_was_released_is_collected(operator, crds, namespace):
     make_session(crds, namespace, "s1")
     wait_phase(crds, namespace, "s1", "Ready", timeout=90)
-    seen: list[tuple[str, str]] = []
-    recorder = threading.Thread(target=record_snapshot_events, args=(crds, namespace, seen), daemon=True)
-    recorder.start()
+    events = SnapshotEvents(crds, namespace)
     operator.stop()
     # The pass that admits the checkpoint stops for 15 s just before it creates the snapshot.
     operator.start(SAVEPOINT_FAILPOINTS=f"{PAUSE}=sleep:15")
@@ -58,10 +76,11 @@ def test_a_snapshot_made_after_its_checkpoint_was_released_is_collected(operator
         crds.delete_namespaced_custom_object(GROUP, VERSION, namespace, "checkpoints", "late")
         wait_for(lambda: get_checkpoint(crds, namespace, "late") is None, timeout=12, what="checkpoint late gone")
         # Then the pass wakes and makes the snapshot of a checkpoint that no longer exists.
-        wait_for(lambda: ("ADDED", "sp-late") in seen, timeout=30, what="the late snapshot made")
+        wait_for(lambda: ("ADDED", "sp-late") in events.seen, timeout=30, what="the late snapshot made")
         # The garbage collector removes it, and the snapshot controller its content.
-        wait_for(lambda: ("DELETED", "sp-late") in seen, timeout=90, what="the late snapshot collected")
+        wait_for(lambda: ("DELETED", "sp-late") in events.seen, timeout=90, what="the late snapshot collected")
         wait_for(lambda: not contents_of(crds, namespace, "sp-late"), timeout=90, what="its content deleted")
     finally:
+        events.stop()
         operator.stop()
         operator.start()
