@@ -95,9 +95,12 @@ def test_one_apply_of_session_checkpoint_and_fork_converges_in_any_order(
 
 @pytest.fixture
 def short_waits(operator):
-    """The operator with a 15 s wait bound and a 15 s snapshot timeout."""
+    """The operator with a 15 s wait bound and a 6 s snapshot timeout. A stuck snapshot's
+    checkpoint fails at its first Pending poll (every 5 s) after 6 s, so 6-11 s after it
+    was made: before a Fork made with it reaches the wait bound, as the test of a fork of
+    a failing checkpoint needs (with both at 15 s the Fork's bound could come first)."""
     operator.stop()
-    operator.start(SAVEPOINT_WAIT_TIMEOUT="15s", SAVEPOINT_SNAPSHOT_TIMEOUT="15s")
+    operator.start(SAVEPOINT_WAIT_TIMEOUT="15s", SAVEPOINT_SNAPSHOT_TIMEOUT="6s")
     yield operator
     operator.stop()
     operator.start()
