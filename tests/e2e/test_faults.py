@@ -57,6 +57,14 @@ pytestmark = pytest.mark.fault
 
 FAULT_OPS = int(os.environ.get("SAVEPOINT_FAULT_OPS", "30"))
 
+# Sandbox Pods that name their Node, for the tests that restart the API server: kube-scheduler
+# never schedules them. A Pod it scheduled, deleted and made again under the same name across
+# its own reconnect to a restarted API server can corrupt the scheduler's cache, and
+# kube-scheduler then exits (a kubelet would restart it; hack/cluster does not), failing
+# every later test that needs a Pod scheduled. Forks and rollbacks keep the Node: they copy
+# the Session's template.
+PINNED_KWOK_POD = {"spec": {**KWOK_POD["spec"], "nodeName": "kwok-node-0"}}
+
 
 @pytest.fixture
 def own_operator(request, kubeconfig, crds, core) -> Iterator[Callable[..., tuple[str, OperatorProcess]]]:
@@ -145,7 +153,7 @@ def test_api_server_and_etcd_restarts_mid_run(own_operator, kubeconfig, core, cr
     rng = random.Random(seed_value)
     namespace, proc = own_operator("api")
     sessions = ["s0", "s1"]
-    start_sessions(core, crds, namespace, sessions)
+    start_sessions(core, crds, namespace, sessions, template=PINNED_KWOK_POD)
     work = Workload(core, crds, namespace, rng, sessions)
     n = max(12, FAULT_OPS // 2)
     downtime = {}
@@ -176,12 +184,7 @@ def test_a_pod_lost_while_the_api_server_restarts_is_noticed_without_waiting_for
     if run_dir is None:
         pytest.skip("needs the local control plane of hack/cluster (restarts its processes)")
     namespace, proc = own_operator("relist", SAVEPOINT_RESYNC_SECONDS="600")
-    # The Pod names its Node, so kube-scheduler never sees it: a Pod deleted and made again
-    # under the same name across its own reconnect to a restarted API server can corrupt
-    # the scheduler's cache, and kube-scheduler then exits (a kubelet would restart it;
-    # hack/cluster does not), failing every later test that needs a Pod scheduled.
-    pinned = {"spec": {**KWOK_POD["spec"], "nodeName": "kwok-node-0"}}
-    start_sessions(core, crds, namespace, ["s1"], template=pinned)
+    start_sessions(core, crds, namespace, ["s1"], template=PINNED_KWOK_POD)
     old = core.read_namespaced_pod(pod_name("s1"), namespace).metadata.uid
     # Let the passes the log appends started finish: one still queued when the operator
     # wakes would find the Pod gone by itself, and the re-list would not be what is tested.
