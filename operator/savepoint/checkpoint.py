@@ -246,8 +246,8 @@ def snapshot_name(checkpoint: str) -> str:
 def checkpoint_label_value(checkpoint: str) -> str:
     """The checkpoint's name as a label value (at most 63 characters), hashed when longer.
 
-    Checkpoint names may be 253 characters; the full name is also kept in the annotation
-    CHECKPOINT_LABEL, which is what the VolumeSnapshot watch reads.
+    Checkpoint names may be 253 characters; a longer one is also kept whole in the
+    annotation CHECKPOINT_LABEL, which the VolumeSnapshot watch reads before the label.
     """
     if len(checkpoint) <= 63:
         return checkpoint
@@ -287,7 +287,10 @@ def build_volume_snapshot(
 ) -> dict[str, Any]:
     """The VolumeSnapshot of a Checkpoint; with `cut`, annotated with the cut it is made at."""
     meta = body["metadata"]
-    annotations = {CHECKPOINT_LABEL: meta["name"]}
+    label = checkpoint_label_value(meta["name"])
+    # The whole name only where the label cannot hold it: every byte of a snapshot is paid
+    # again by each of its writes and watch events (docs/performance.md).
+    annotations = {CHECKPOINT_LABEL: meta["name"]} if label != meta["name"] else {}
     if cut is not None:
         annotations[CUT_ANNOTATION] = cut_annotation(cut)
     return {
@@ -297,9 +300,9 @@ def build_volume_snapshot(
             "name": snapshot_name(meta["name"]),
             "namespace": meta["namespace"],
             "ownerReferences": [checkpoint_owner(body)],
-            "annotations": annotations,
+            **({"annotations": annotations} if annotations else {}),
             "labels": {
-                CHECKPOINT_LABEL: checkpoint_label_value(meta["name"]),
+                CHECKPOINT_LABEL: label,
                 SESSION_LABEL: body["spec"]["sessionName"],
                 MANAGED_BY_LABEL: MANAGED_BY,
             },

@@ -256,6 +256,13 @@ def start_sessions(
 # --- the invariants -----------------------------------------------------------------
 
 
+def snapshot_owner(vs: dict) -> str | None:
+    """The Checkpoint a VolumeSnapshot is of: its name in the label, or whole in the
+    annotation when the name is longer than a label value may be."""
+    meta = vs["metadata"]
+    return (meta.get("annotations") or {}).get(CHECKPOINT_LABEL) or (meta.get("labels") or {}).get(CHECKPOINT_LABEL)
+
+
 def problems(core, crds, namespace: str, work: Workload) -> list[str]:
     """Everything wrong with the namespace after a run; empty when every invariant holds."""
     found: list[str] = []
@@ -286,10 +293,7 @@ def problems(core, crds, namespace: str, work: Workload) -> list[str]:
     snaps = listing(crds, namespace, "volumesnapshots", SNAP)
     by_ckpt: defaultdict[str, list[str]] = defaultdict(list)
     for vs in snaps:
-        # The annotation holds the full name; the label a hashed one when the name is long.
-        owner = (vs["metadata"].get("annotations") or {}).get(CHECKPOINT_LABEL) or (
-            vs["metadata"].get("labels") or {}
-        ).get(CHECKPOINT_LABEL)
+        owner = snapshot_owner(vs)
         if owner is None:
             found.append(f"VolumeSnapshot {vs['metadata']['name']} has no {CHECKPOINT_LABEL} label")
             continue
@@ -447,7 +451,7 @@ def diagnosis(core, crds, namespace: str, found: list[str], log_path: Path, line
                 deleting = " (being deleted)" if o["metadata"].get("deletionTimestamp") else ""
                 out.append(f"{plural} {o['metadata']['name']}{deleting}: status {o.get('status')}")
     for vs in listing(crds, namespace, "volumesnapshots", SNAP):
-        if (vs["metadata"].get("annotations") or {}).get(CHECKPOINT_LABEL) in names:
+        if snapshot_owner(vs) in names:
             meta = vs["metadata"]
             deleting = " (being deleted)" if meta.get("deletionTimestamp") else ""
             finalizers = meta.get("finalizers")

@@ -17,6 +17,7 @@ from savepoint.checkpoint import (
     SessionView,
     Wait,
     admit,
+    build_volume_snapshot,
     effective_ttl,
     moves_checkpoint,
     parse_quantity,
@@ -171,6 +172,19 @@ def test_snapshot_name_is_deterministic_and_fits_a_name():
     assert snapshot_name(long) != snapshot_name("c" * 199)
     # A cut that ends in "." would make "x.-<digest>", which is not a valid name.
     assert ".-" not in snapshot_name("a" * 48 + "." + "b" * 100)
+
+
+@pytest.mark.parametrize("name", ["c1", "c" * 63, "c" * 64, "c" * 253])
+def test_a_snapshot_names_its_checkpoint_whole_once(name):
+    """The label holds the name when it fits a label value; only a longer one is repeated
+    whole in the annotation. Either way the watch finds the checkpoint it moves on."""
+    body = {"metadata": {"name": name, "namespace": "ns", "uid": "u1"}, "spec": {"sessionName": "s"}}
+    snap = build_volume_snapshot(body, "s-workspace", "csi", {"throughSequence": 3})
+    label = snap["metadata"]["labels"][CHECKPOINT_LABEL]
+    annotations = snap["metadata"]["annotations"]
+    assert len(label) <= 63 and (label == name) == (len(name) <= 63)
+    assert annotations.get(CHECKPOINT_LABEL) == (None if label == name else name)
+    assert moves_checkpoint("MODIFIED", {**snap, "status": {"readyToUse": True}}) == name
 
 
 def snapshot(ready: bool = False, error: str | None = None, deleting: bool = False, name: str = "c1") -> dict:

@@ -433,6 +433,23 @@ def test_a_failed_deletion_leaves_the_checkpoint_ready_unlocked_and_queued(api):
     assert status(api)["phase"] == "Expired" and "sp-cp" not in api.names("volumesnapshots")
 
 
+def test_expiries_are_counted_once_written(api):
+    """savepoint_checkpoint_expiries_total counts Expired written: a failed write, tried
+    again at the next pass, counts once (the expiry bench stops on this count)."""
+    from savepoint import metrics
+    from savepoint.controllers.expiry import ExpiryQueue, drain
+
+    _ready_and_overdue(api)
+    queue = ExpiryQueue()
+    queue.observe("MODIFIED", api.get("checkpoints", NS, "cp"))
+    before = metrics.expiries._value.get()
+    api.fail("patch_status", "checkpoints", 500)
+    assert drain(SETTINGS, queue)["expired"] == 0
+    assert metrics.expiries._value.get() == before
+    assert drain(SETTINGS, queue)["expired"] == 1
+    assert status(api)["phase"] == "Expired" and metrics.expiries._value.get() == before + 1
+
+
 def test_an_expiry_taken_before_a_rollback_moved_expiresat_keeps_the_checkpoint(api):
     """A storm's entry waits for a worker; a rollback refreshes the checkpoint's clock
     meanwhile, through the queue: the worker finds it not due and deletes nothing."""

@@ -41,10 +41,9 @@ def ask_deletion(body: dict) -> None:
 def record_expired(body: dict) -> None:
     """Write Expired once the snapshot's deletion is asked for. No Event: the status says it
     (phase, reason, message, the Ready condition), as for Ready, and an Event was one of each
-    expiry's four requests."""
+    expiry's four requests. Counted once written: a write that fails is tried again."""
     status = body.get("status") or {}
     message = f"expired at {status.get('expiresAt')}; its VolumeSnapshot is deleted"
-    metrics.expiries.inc()
     write_status(
         body,
         {
@@ -55,6 +54,7 @@ def record_expired(body: dict) -> None:
             "conditions": ready_condition(body, False, Reason.TTL_EXPIRED, message),
         },
     )
+    metrics.expiries.inc()
 
 
 # Phases whose checkpoint is deleted at expiresAt + the grace period.
