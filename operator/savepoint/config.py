@@ -129,9 +129,10 @@ class Settings:
     # deletion first, then every Expired status write; the API rate limit, not this, should
     # pace a storm.
     expiry_workers: int = field(default_factory=lambda: _int("EXPIRY_WORKERS", "16"))
-    # Interval of the safety re-reconcile of every Session, in seconds (watch events drive
-    # the rest; each resync is a pass of about 5 requests, so sessions / interval passes
-    # per second at rest).
+    # Interval of the safety re-reconcile of every Session, in seconds; each Session's is
+    # 80-100% of it, its own share, so Sessions made together do not resync together
+    # (watch events drive the rest; each resync is a pass of about 5 requests, so about
+    # sessions / (0.9 x interval) passes per second at rest).
     resync_seconds: float = field(default_factory=lambda: _float("RESYNC_SECONDS", "600"))
     # Seconds after which a sandbox's heartbeat (the `<session>-heartbeat` object its harness
     # writes, [event-log.md](docs/event-log.md#heartbeat)) counts as stale: the Session gets

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,17 +22,28 @@ log = logging.getLogger(__name__)
 
 class PollQueue:
     """Keys (namespace, name) each due every `interval` seconds, first `interval` after
-    they are filed. Filing a key already there keeps its time; dropping forgets it."""
+    they are filed. Filing a key already there keeps its time; dropping forgets it.
 
-    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
+    With `spread`, each key's interval is shorter by its own fixed share of up to that
+    fraction (from a hash of the key), so keys filed or taken together (Sessions made in
+    one go, or every one hurried after a take-over) come apart instead of falling due
+    together every interval for as long as they live."""
+
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic, spread: float = 0.0) -> None:
         self.interval = interval
+        self.spread = spread
         self._clock = clock
         self._due: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
 
+    def interval_of(self, key: tuple[str, str]) -> float:
+        share = zlib.crc32("/".join(key).encode()) / 0xFFFFFFFF
+        return self.interval * (1 - self.spread * share)
+
     def file(self, key: tuple[str, str]) -> None:
         with self._lock:
-            self._due.setdefault(key, self._clock() + self.interval)
+            if key not in self._due:
+                self._due[key] = self._clock() + self.interval_of(key)
 
     def drop(self, key: tuple[str, str]) -> None:
         with self._lock:
@@ -54,7 +66,7 @@ class PollQueue:
             if limit is not None:
                 due = due[:limit]
             for _, key in due:
-                self._due[key] = now + self.interval
+                self._due[key] = now + self.interval_of(key)
         return [key for _, key in due]
 
     def __len__(self) -> int:

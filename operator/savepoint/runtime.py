@@ -65,6 +65,11 @@ FORK_PASS_WORKERS = 4
 # status write for a latestCheckpoint the next one replaced a moment later.
 OWN_APPEND_GAP_SECONDS = 5.0
 RESYNC_TICK_SECONDS = 5.0
+# Each Session's resync comes up to this share of SAVEPOINT_RESYNC_SECONDS early, its own
+# share: Sessions made together, or all resynced at a take-over, would otherwise resync
+# together every interval (500 made in two minutes: about 300 passes in one two-minute
+# window every ten minutes).
+RESYNC_SPREAD = 0.2
 # An unfinished Fork's pass at least this often, whatever its events: the safety net.
 FORK_POLL_SECONDS = 10.0
 # A resync that failed (the API server away) is tried again this soon, not a whole
@@ -160,7 +165,7 @@ class Runtime:
         self._stood_by = False  # whether this replica has stood by since its last take-over
         self.pending_polls = PollQueue(pending_poll_seconds(settings))
         self.expiry = expiry.clocks
-        self.resyncs = PollQueue(settings.resync_seconds)
+        self.resyncs = PollQueue(settings.resync_seconds, spread=RESYNC_SPREAD)
         self.fork_polls = PollQueue(FORK_POLL_SECONDS)
         self.idle_timers = DeadlineQueue()
         self._relist_resync_at = float("-inf")

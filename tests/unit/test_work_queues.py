@@ -233,6 +233,27 @@ def test_poll_queue_hands_out_each_key_once_per_interval():
     assert len(queue) == 1
 
 
+def test_poll_queue_spread_parts_keys_filed_together():
+    now = [0.0]
+    queue = PollQueue(600, clock=lambda: now[0], spread=0.2)
+    keys = [("ns", f"s{i:03d}") for i in range(200)]
+    for key in keys:
+        queue.file(key)
+    now[0] = 479.0
+    assert queue.take_due() == []  # none more than a fifth early
+    now[0] = 540.0
+    first = queue.take_due()
+    assert 60 <= len(first) <= 140  # about half: each key has its own share of the fifth
+    now[0] = 600.0
+    assert sorted(first + queue.take_due()) == keys  # none late
+    # Taken together, due again apart: the share is the key's own, each time.
+    now[0] = 1200.0 + 1e-6
+    again = queue.take_due()
+    assert set(again) == set(keys) and len(queue) == 200
+    now[0] = 1200.0 + 540.0
+    assert sorted(queue.take_due()) == sorted(first)
+
+
 def test_a_deleted_object_leaves_no_lock_or_pass_record_behind():
     import asyncio
 
