@@ -9,6 +9,10 @@ glibc also gives threads arenas of their own, up to eight per core, each keeping
 free pages: with the operator's dozens of threads (kopf's workers, the expiry and poll
 workers, the client's connections) a burst leaves freed memory spread over many arenas.
 limit_arenas() caps them, as MALLOC_ARENA_MAX would, if called before those threads start.
+
+A release is not free: its full collection walks every object the operator keeps
+(about 0.1 s with 500 Sessions and 1,000 Checkpoints), so Releases asks for one only
+where there can be something to give back: after a spell of work.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import time
+from collections.abc import Callable
 
 _libc = None
 try:
@@ -56,3 +62,29 @@ def release() -> bool:
         return False
     _libc.malloc_trim(0)
     return True
+
+
+class Releases:
+    """When the periodic release is worth its cost: at the end of a window in which the
+    process worked (at least `busy_cpu` seconds of CPU, all threads), and at the end of
+    the first quiet window after one, which holds that work's tail. Not in the quiet
+    windows after that: at rest there is nothing new to give back, and a release every
+    window was most of an idle operator's CPU. The first window after start-up counts
+    as worked. `clock` is the process's CPU time."""
+
+    def __init__(self, busy_cpu: float, clock: Callable[[], float] = time.process_time) -> None:
+        self._busy_cpu = busy_cpu
+        self._clock = clock
+        self._since = clock()
+        self._worked = True
+
+    def due(self) -> bool:
+        """At the end of a window: release now?"""
+        now = self._clock()
+        worked, self._since = now - self._since >= self._busy_cpu, now
+        due, self._worked = worked or self._worked, worked
+        return due
+
+    def released(self) -> None:
+        """A release has run: its own CPU is not the next window's work."""
+        self._since = self._clock()

@@ -78,8 +78,11 @@ RESYNC_RETRY_SECONDS = 30.0
 # At most one early resync of every Session per this many seconds: a re-list sends an
 # event for each child, thousands at once.
 RELIST_RESYNC_GAP_SECONDS = 60.0
-# How often freed heap memory is handed back to the OS (savepoint.memory).
+# How often freed heap memory may be handed back to the OS (savepoint.memory): at the end
+# of each window of this length with at least RELEASE_BUSY_CPU_SECONDS of the operator's
+# CPU in it, and of the quiet window after one (memory.Releases).
 RELEASE_MEMORY_SECONDS = 30.0
+RELEASE_BUSY_CPU_SECONDS = 1.0
 # A namespace being deleted is said in the log at most once per this many seconds.
 TERMINATING_NOTE_SECONDS = 300.0
 
@@ -533,6 +536,9 @@ class Runtime:
             self.fork_pass(*key)
 
     def _release_memory_loop(self) -> None:
+        releases = memory.Releases(RELEASE_BUSY_CPU_SECONDS)
         while True:
             time.sleep(RELEASE_MEMORY_SECONDS)
-            memory.release()
+            if releases.due():
+                memory.release()
+                releases.released()

@@ -510,3 +510,27 @@ def test_the_chunk_watch_s_events_mark_how_far_the_store_is_current():
     runtime.observe_child("pods", "MODIFIED", body("s", 20))
     assert cache.chunks.delivered_through("ns") == 12
     cache.clear()
+
+
+def test_the_heap_is_released_after_work_and_its_tail_not_at_rest():
+    from savepoint.memory import Releases
+
+    cpu = [0.0]
+    releases = Releases(busy_cpu=1.0, clock=lambda: cpu[0])
+
+    def window(spent: float, release_costs: float = 0.0) -> bool:
+        cpu[0] += spent
+        due = releases.due()
+        if due:
+            cpu[0] += release_costs
+            releases.released()
+        return due
+
+    # Start-up's window counts as worked; then at rest, nothing.
+    assert [window(0.1) for _ in range(4)] == [True, False, False, False]
+    # A burst: every worked window, and the quiet one after the last (its tail).
+    assert [window(s) for s in (3.0, 5.0, 0.2, 0.1, 0.1)] == [True, True, True, False, False]
+    # Work spread over windows, each below the bar, is not a burst.
+    assert [window(0.9) for _ in range(3)] == [False, False, False]
+    # A release's own CPU (a full collection of a large heap) is not the next window's work.
+    assert [window(2.0, release_costs=1.5), window(0.1, release_costs=1.5), window(0.1)] == [True, True, False]
