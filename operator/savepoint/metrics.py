@@ -82,6 +82,10 @@ peering_active = Gauge("savepoint_peering_active", "1 on the active replica, 0 o
 admissions_waiting = Gauge(
     "savepoint_checkpoint_admissions_waiting", "New or resumed Checkpoints waiting in the admission queue"
 )
+snapshot_watches_open = Gauge(
+    "savepoint_snapshot_watches_open",
+    "VolumeSnapshot watches open now: one per served namespace while a checkpoint is unsettled",
+)
 
 
 def observe_eventlog() -> None:

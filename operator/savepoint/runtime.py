@@ -5,10 +5,11 @@ the operator's memo; each handler reaches it as `memo.runtime` and calls one met
 or one controller. Nothing here decides what an object should be (the controllers and the
 pure modules do); this module only says when a pass runs and on which thread:
 
-- The watches of the Checkpoints, their VolumeSnapshots and the Sessions' Pods, claims
-  and log chunks (savepoint.watches): one thread each reads the stream, keeps the bodies
-  the passes read (controllers/cache.py) and files keys for passes. kopf watches only
-  the Sessions and Forks, whose handlers it drives.
+- The watches of the Checkpoints and the Sessions' Pods, claims and log chunks
+  (savepoint.watches): one thread each reads the stream, keeps the bodies the passes
+  read (controllers/cache.py) and files keys for passes. kopf watches only the Sessions
+  and Forks, whose handlers it drives. The VolumeSnapshots' watch is open only while a
+  checkpoint is unsettled (`snapshot_watches`).
 - Checkpoint admission: a new or unsettled Checkpoint's key and trimmed body wait in
   `admissions`; a few threads of ours run the passes.
 - The Session and Fork passes that child, checkpoint and snapshot events ask for
@@ -83,6 +84,9 @@ RELIST_RESYNC_GAP_SECONDS = 60.0
 # CPU in it, and of the quiet window after one (memory.Releases).
 RELEASE_MEMORY_SECONDS = 30.0
 RELEASE_BUSY_CPU_SECONDS = 1.0
+# The VolumeSnapshot watch's streams last this long; it closes at the end of one in which
+# every checkpoint it was opened for has settled.
+SNAPSHOT_WATCH_WINDOW_SECONDS = 60
 # A namespace being deleted is said in the log at most once per this many seconds.
 TERMINATING_NOTE_SECONDS = 300.0
 
@@ -175,10 +179,26 @@ class Runtime:
         # (namespace, session) -> the checkpoints not admitted yet that wait for it.
         self._waiting: dict[Key, set[str]] = {}
         self._waiting_lock = threading.Lock()
+        # Served namespace (None: all) -> its VolumeSnapshot watch, open while a checkpoint
+        # it was opened for is unsettled (in the store): a storm of expiries of Ready ones
+        # sends it nothing.
+        self.snapshot_watches = {
+            namespace: watches.OnDemand(
+                k8s.VOLUME_SNAPSHOTS,
+                namespace,
+                CHECKPOINT_LABEL,
+                self.observe_snapshot,
+                lambda key: cache.checkpoints.has(*key),
+                expired=self.pending_polls.hurry,
+                window=SNAPSHOT_WATCH_WINDOW_SECONDS,
+            )
+            for namespace in settings.namespaces or (None,)
+        }
 
     def start(self) -> None:
         """Start the threads (daemons: they end with the process)."""
         metrics.admissions_waiting.set_function(lambda: len(self.admissions))
+        metrics.snapshot_watches_open.set_function(lambda: sum(w.is_open for w in self.snapshot_watches.values()))
         for queue in (self.admissions, self.session_passes, self.fork_passes):
             queue.start()
         for name, loop in (
@@ -192,34 +212,37 @@ class Runtime:
         ):
             threading.Thread(target=loop, name=name, daemon=True).start()
         for namespace in self.settings.namespaces or (None,):
-            for kind, selector, deliver, options in self.watched():
+            for kind, selector, deliver in self.watched():
                 threading.Thread(
                     target=watches.follow,
                     args=(kind, namespace, selector, deliver),
-                    kwargs=options,
                     name=f"watch-{kind.plural}",
                     daemon=True,
                 ).start()
+        for on_demand in self.snapshot_watches.values():
+            threading.Thread(target=on_demand.run, name="watch-volumesnapshots", daemon=True).start()
 
-    def watched(self) -> list[tuple[k8s.Kind, str, watches.Deliver, dict[str, Any]]]:
-        """What the runtime watches itself: each kind, its label selector, the function
-        each event goes to, and follow()'s options. The VolumeSnapshots are watched from
-        now on, never listed: a restart with 10,000 ready ones reads none. What a restart
-        or a lost watch (410 Gone) did not see, each Pending checkpoint's own pass (its
-        resume) or poll reads from its snapshot; after a 410 those polls come now."""
+    def watched(self) -> list[tuple[k8s.Kind, str, watches.Deliver]]:
+        """What the runtime watches itself all the time: each kind, its label selector and
+        the function each event goes to (the VolumeSnapshots: watch_snapshots())."""
         return [
-            (k8s.CHECKPOINTS, "", self.observe_checkpoint, {}),
-            (
-                k8s.VOLUME_SNAPSHOTS,
-                CHECKPOINT_LABEL,
-                self.observe_snapshot,
-                {"listing": False, "expired": self.pending_polls.hurry},
-            ),
+            (k8s.CHECKPOINTS, "", self.observe_checkpoint),
             *(
-                (kind, SESSION_LABEL, self.child_observer(kind.plural), {})
+                (kind, SESSION_LABEL, self.child_observer(kind.plural))
                 for kind in (k8s.PODS, k8s.CLAIMS, k8s.CONFIG_MAPS)
             ),
         ]
+
+    def watch_snapshots(self, key: Key) -> None:
+        """Open the VolumeSnapshot watch for an unsettled checkpoint, before any pass of it
+        may make its snapshot: a watch opened after would miss the snapshot's readiness,
+        left to the Pending poll. It is watched from now on, never listed: a restart with
+        10,000 ready snapshots reads none. What a restart or a lost watch (410 Gone) did
+        not see, each Pending checkpoint's own pass (its resume) or poll reads from its
+        snapshot; after a 410 those polls come now."""
+        on_demand = self.snapshot_watches.get(key[0]) or self.snapshot_watches.get(None)
+        if on_demand is not None and not on_demand.watch(key):
+            log.warning("the VolumeSnapshot watch did not open: checkpoint %s/%s is left to its poll", *key)
 
     # --- Checkpoints -----------------------------------------------------------------
 
@@ -236,6 +259,8 @@ class Runtime:
         # look says standby: a replica that has just taken over must not drop it.
         if not peering.last_known(self.settings) and not peering.is_active(self.settings):
             return  # this replica stood down meanwhile: the active one resumes the checkpoint
+        if not isinstance(seen, str | tuple):  # not a deletion's: the checkpoint may be unsettled
+            self.watch_snapshots(key)
         with a_pass("checkpoint", key[0]):
             if isinstance(seen, str):  # RELEASE
                 checkpoint.release(*key)
@@ -325,6 +350,7 @@ class Runtime:
             if key in self.admissions:
                 return  # its pass is on its way: a poll would only read a snapshot not made yet
             try:
+                self.watch_snapshots(key)
                 with a_pass("checkpoint", key[0]):
                     checkpoint.poll_pending(*key, self.settings)
             except Exception:  # counted; the next poll (or watch event) tries again

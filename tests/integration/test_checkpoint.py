@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from kubernetes import client
 
 from savepoint import k8s
+from savepoint import runtime as runtime_module
 from savepoint.checkpoint import CHECKPOINT_LABEL, moves_checkpoint, parse_quantity
 from savepoint.config import Settings
 from savepoint.controllers import checkpoint as controller
@@ -410,6 +412,15 @@ def test_metrics_count_transitions(operator, s1, crds, namespace):
     assert "savepoint_eventlog_conflicts_total " in after
 
 
+def test_a_pending_checkpoint_keeps_the_snapshot_watch_open(never_ready_class, operator, s1, crds, namespace):
+    """The operator's one VolumeSnapshot watch is open while a checkpoint is unsettled
+    (here admitted, and held by a snapshot that never becomes ready), and says so."""
+    make_stuck_snapshot(crds, namespace, "held", "s1", never_ready_class)
+    make_checkpoint(crds, namespace, "held")
+    wait_for(lambda: cut_of(get_checkpoint(crds, namespace, "held")), what="checkpoint held admitted")
+    assert _sample(_scrape(f"{operator.metrics_url}/metrics"), "savepoint_snapshot_watches_open") == 1
+
+
 def _requests(text: str, client: str, verb: str) -> float:
     """savepoint_api_requests_total of one client and verb, summed over the codes."""
     return sum(
@@ -522,3 +533,35 @@ def test_the_snapshot_watch_starts_from_now_and_says_when_its_version_is_gone(s1
     assert seen[0] == ("ADDED", "sp-watched") and all(name == "sp-watched" for _, name in seen)
     with pytest.raises(k8s.Expired):
         list(k8s.watch(k8s.VOLUME_SNAPSHOTS, namespace, "1", CHECKPOINT_LABEL, timeout=5))
+
+
+def test_the_snapshot_watch_is_opened_for_each_new_checkpoint_before_its_snapshot_is_made(
+    s1, crds, namespace, operator_process, monkeypatch
+):
+    """The runtime's VolumeSnapshot watch is closed while no checkpoint is unsettled, and a
+    checkpoint's admission opens it before making its snapshot, even when reading the
+    version to watch from is slow (held 3 s here, longer than the snapshot takes). Each
+    checkpoint is made Ready by its snapshot's watch event alone: no poll runs in this
+    test's runtime. The second comes after the watch closed again. This test's process
+    plays the operator."""
+    operator_process.stop()
+    real_version = k8s.collection_version
+    monkeypatch.setattr(k8s, "collection_version", lambda *args: time.sleep(3) or real_version(*args))
+    monkeypatch.setattr(runtime_module, "SNAPSHOT_WATCH_WINDOW_SECONDS", 1)
+    runtime = runtime_module.Runtime(Settings(namespaces=(namespace,)))
+    snapshots = runtime.snapshot_watches[namespace]
+    threading.Thread(target=snapshots.run, daemon=True).start()
+
+    def admission_step(name: str) -> bool:
+        """One admission pass, on this thread as on one of the runtime's; whether `name` is Ready."""
+        item = runtime.admissions.take(timeout=0.5)
+        if item is not None:
+            runtime._admission_pass(*item)
+        return (get_checkpoint(crds, namespace, name).get("status") or {}).get("phase") == "Ready"
+
+    for name in ("first", "second"):
+        assert not snapshots.is_open
+        make_checkpoint(crds, namespace, name)
+        runtime.observe_checkpoint("ADDED", get_checkpoint(crds, namespace, name))
+        wait_for(lambda n=name: admission_step(n), timeout=60, interval=0, what=f"checkpoint {name} Ready")
+        wait_for(lambda: not snapshots.is_open, timeout=10, what="the snapshot watch closed")

@@ -313,7 +313,9 @@ def test_kopf_watches_only_sessions_and_forks_and_our_watches_select_children_by
         for h in reg.get_all_handlers()
     }
     assert kinds == {"sessions", "forks"}
-    selectors = {kind.plural: selector for kind, selector, _, _ in _memo().runtime.watched()}
+    runtime = _memo().runtime
+    selectors = {kind.plural: selector for kind, selector, _ in runtime.watched()}
+    selectors |= {w.kind.plural: w.selector for w in runtime.snapshot_watches.values()}
     assert selectors == {
         "checkpoints": "",
         "volumesnapshots": CHECKPOINT_LABEL,
