@@ -148,6 +148,29 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.2, what: str = 
         time.sleep(interval)
 
 
+@pytest.fixture
+def gone_version(core: client.CoreV1Api, namespace: str) -> str:
+    """A ConfigMaps resourceVersion the API server no longer serves: a watch from it is
+    answered 410 Gone. The API server's watch cache serves every version it still holds,
+    and on a quiet cluster it holds every one since its start; this writes and deletes
+    unlabelled ConfigMaps until the cache has let go of the first version."""
+    from savepoint import k8s
+
+    def gone() -> bool:
+        try:
+            for _ in k8s.watch(k8s.CONFIG_MAPS, namespace, "1", "", 1):
+                pass
+        except k8s.Expired:
+            return True
+        for i in range(20):
+            core.create_namespaced_config_map(namespace, {"metadata": {"name": f"churn-{i}"}})
+            core.delete_namespaced_config_map(f"churn-{i}", namespace)
+        return False
+
+    wait_for(gone, timeout=300, interval=0, what='the API server to answer a watch from version "1" with 410 Gone')
+    return "1"
+
+
 CRD_DIR = REPO / "crds"
 
 

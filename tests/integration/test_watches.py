@@ -18,14 +18,14 @@ def config_map(name: str) -> dict:
     return {"metadata": {"name": name, "labels": {LABEL: "yes"}}, "data": {"k": "v"}}
 
 
-def watch_from_a_gone_version_first(monkeypatch) -> list[str]:
-    """The first watch asks for version "1", which the API server no longer keeps (a real
-    410); the versions each watch was asked for, in order."""
+def watch_from_a_gone_version_first(monkeypatch, gone_version: str) -> list[str]:
+    """The first watch asks for a version the API server no longer keeps (a real 410);
+    the versions each watch was asked for, in order."""
     real_watch, calls = k8s.watch, []
 
     def watch(kind, ns, version, selector, timeout=300):
         calls.append(version)
-        return real_watch(kind, ns, "1" if len(calls) == 1 else version, selector, timeout)
+        return real_watch(kind, ns, gone_version if len(calls) == 1 else version, selector, timeout)
 
     monkeypatch.setattr(k8s, "watch", watch)
     return calls
@@ -48,7 +48,7 @@ def on_demand_config_maps(namespace: str, needed: set, **options) -> tuple[watch
 
 
 def test_a_watch_lists_first_lists_again_after_a_410_and_then_follows_changes(
-    core: client.CoreV1Api, namespace: str, monkeypatch
+    core: client.CoreV1Api, namespace: str, monkeypatch, gone_version: str
 ):
     """Listed objects come as kopf's do (event type None), selected by label on the
     server. A version the API server no longer keeps (here the first watch's, "1": a
@@ -56,7 +56,7 @@ def test_a_watch_lists_first_lists_again_after_a_410_and_then_follows_changes(
     then delivers each change once, and ends when stopped."""
     core.create_namespaced_config_map(namespace, config_map("first"))
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "unlabelled"}})
-    calls = watch_from_a_gone_version_first(monkeypatch)
+    calls = watch_from_a_gone_version_first(monkeypatch, gone_version)
     seen: queue.Queue = queue.Queue()
     expired = threading.Event()
     stop = threading.Event()
@@ -69,7 +69,7 @@ def test_a_watch_lists_first_lists_again_after_a_410_and_then_follows_changes(
     thread.start()
     assert seen.get(timeout=10) == (None, "first")  # the listing
     assert seen.get(timeout=10) == (None, "first")  # listed again after the 410
-    assert expired.is_set() and len(calls) >= 2 and calls[1] != "1"
+    assert expired.is_set() and len(calls) >= 2 and calls[1] != gone_version
     core.create_namespaced_config_map(namespace, config_map("second"))
     core.delete_namespaced_config_map("first", namespace)
     assert seen.get(timeout=10) == ("ADDED", "second")
@@ -136,11 +136,11 @@ def test_an_on_demand_watch_is_open_only_while_needed_and_misses_nothing_after_w
 
 
 def test_an_on_demand_watch_that_loses_its_version_says_so_and_opens_from_now(
-    core: client.CoreV1Api, namespace: str, monkeypatch
+    core: client.CoreV1Api, namespace: str, monkeypatch, gone_version: str
 ):
     """A 410 closes the watch until it has a version from now again; expired() says what
     was missed, and the changes after that come."""
-    calls = watch_from_a_gone_version_first(monkeypatch)
+    calls = watch_from_a_gone_version_first(monkeypatch, gone_version)
     expired = threading.Event()
     needed = {(namespace, "a")}
     on_demand, seen = on_demand_config_maps(namespace, needed, expired=expired.set, window=2)
@@ -149,6 +149,6 @@ def test_an_on_demand_watch_that_loses_its_version_says_so_and_opens_from_now(
     assert on_demand.watch((namespace, "a"))
     core.create_namespaced_config_map(namespace, config_map("after"))
     assert seen.get(timeout=10) == ("ADDED", "after")
-    assert len(calls) >= 2 and calls[1] != "1"
+    assert len(calls) >= 2 and calls[1] != gone_version
     needed.clear()  # closed, its thread idle: none left following once the cluster is gone
     wait_for(lambda: not on_demand.is_open, timeout=10, what="the watch closed")
