@@ -229,7 +229,8 @@ def component_cpu(folder: Path | None = None) -> dict[str, float]:
 
 def parse_metrics(text: str) -> dict[str, float]:
     """Prometheus text: each sample's value by metric name (labels summed), and by
-    name{client="..."} for savepoint_api_requests_total (ours and kopf's apart)."""
+    name{client="..."} for savepoint_api_requests_total (ours and kopf's apart), and
+    by name{client="...",verb="...",code="..."} for it too (each series whole)."""
     sums: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
@@ -241,6 +242,8 @@ def parse_metrics(text: str) -> dict[str, float]:
         if who:
             key = f'{name}{{client="{who.group(1)}"}}'
             sums[key] = sums.get(key, 0.0) + value
+            series = ",".join(f'{k}="{v}"' for k, v in sorted(re.findall(r'(\w+)="([^"]*)"', line)))
+            sums[f"{name}{{{series}}}"] = value
     return sums
 
 
